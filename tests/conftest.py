@@ -1,0 +1,1 @@
+"""Shared test configuration. Each part has its own conftest under tests/<part>/."""
