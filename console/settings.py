@@ -31,6 +31,9 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "console.accounts",
+    "console.audit",
+    "console.registry",
+    "console.status",
 ]
 
 MIDDLEWARE = [
