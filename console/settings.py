@@ -3,6 +3,7 @@ through the typed helpers in console.env, which refuse bad values."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from console.env import EnvError, database_from_url, env_bool, env_int, env_list, env_str
@@ -123,6 +124,8 @@ STORAGES = {
     },
 }
 MEDIA_ROOT = VAR_DIR / "media"
+# In DEBUG WhiteNoise serves from the finders; it still warns that collectstatic never ran.
+warnings.filterwarnings("ignore", message="No directory at", module="whitenoise.base")
 
 # Uploads: task sets stream through a temporary file; nothing is held whole in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024

@@ -1,11 +1,12 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
+
+from console.api import api
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/", include("console.accounts.urls")),
+    path("api/", api.urls),
     path("audit/", include("console.audit.urls")),
     path("status/", include("console.status.urls")),
     path("", include("console.registry.urls")),

