@@ -1,0 +1,75 @@
+"""rewards: a rubric engine that turns a model's response into a reward (no Django here).
+
+A rubric is a JSON object (the console stores it; `validate_spec` is the only schema)::
+
+    {
+      "version": 1,
+      "description": "optional text",
+      "criteria": [
+        {"name": "correct", "kind": "math_equivalence", "weight": 1.0, "params": {}},
+        {"name": "format", "kind": "format_tags", "weight": 0.2,
+         "params": {"tags": ["think", "answer"]}, "timeout_s": 5}
+      ],
+      "aggregate": "weighted_sum",
+      "normalize": false,
+      "clip": [0, 1],
+      "sandbox": {"memory_mb": 512, "timeout_s": 10, "max_concurrency": 4}
+    }
+
+``criteria`` (1–64): ``name`` (a letter, then letters, digits, ``_`` or ``-``; unique),
+``kind`` (a registered kind: see `criterion_kinds()` for each kind's params and docs),
+``weight`` (number ≥ 0, default 1), ``params`` (object, checked against the kind's schema),
+``timeout_s`` (optional deadline for this criterion), ``description``.
+
+``aggregate`` (default ``weighted_sum``):
+- ``"weighted_sum"``: Σ weight·score; with ``"normalize": true`` divided by Σ weight.
+- ``"min"``: the lowest score among criteria of weight > 0.
+- ``"product"``: Π score^weight (a score ≤ 0 makes it 0); normalised, the weighted
+  geometric mean.
+- ``{"gate": "name" | ["a", "b"], "then": "weighted_sum", "threshold": 1.0}``: the ``then``
+  aggregate, but 0 unless every gate criterion scored ≥ ``threshold``. Give a gate weight 0
+  to use it only as a gate.
+
+``clip`` ``[low, high]`` bounds the total, applied last. ``sandbox`` sets the limits of the
+sandboxes code criteria run in and how many run at once.
+
+Use::
+
+    rubric = Rubric.from_spec(spec)                  # raises RubricSpecError(issues)
+    result = rubric.score(Sample(domain="math", prompt="...", completion="... \\boxed{42}",
+                                 ground_truth="42"))
+    result.total, result.breakdown, result.details
+    rubric.score_batch(samples, max_workers=8)       # bounded pool, input order kept
+
+A criterion that crashes or overruns its deadline scores 0 with the reason in
+``details[name]["error"]``; it never fails the batch. Model-written code only ever runs inside
+a sandbox from the `sandboxes` library.
+"""
+
+from rewards.registry import (
+    Criterion,
+    CriterionContext,
+    CriterionKindInfo,
+    criterion_kinds,
+    register,
+)
+from rewards.rubric import Rubric
+from rewards.spec import RUBRIC_SCHEMA, RubricSpecError, SpecIssue, validate_spec
+from rewards.types import CriterionError, Outcome, RewardResult, Sample
+
+__all__ = [
+    "RUBRIC_SCHEMA",
+    "Criterion",
+    "CriterionContext",
+    "CriterionError",
+    "CriterionKindInfo",
+    "Outcome",
+    "RewardResult",
+    "Rubric",
+    "RubricSpecError",
+    "Sample",
+    "SpecIssue",
+    "criterion_kinds",
+    "register",
+    "validate_spec",
+]

@@ -1,0 +1,222 @@
+"""A rubric: named, weighted criteria and the rule that folds their scores into one reward."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rewards.registry import Criterion, CriterionContext, kind_class
+from rewards.spec import raise_for_spec
+from rewards.types import CriterionError, Outcome, RewardResult, Sample
+
+T = TypeVar("T")
+
+# How much longer than its own timeout a sandboxed criterion may take in all (creating the
+# sandbox, copying files, several runs) before the rubric gives up on it.
+SANDBOX_DEADLINE_FACTOR = 3.0
+SANDBOX_DEADLINE_GRACE_S = 10.0
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+def call_with_deadline(function: Callable[[], T], deadline_s: float) -> T:
+    """Runs ``function`` on a fresh daemon thread and waits at most ``deadline_s``.
+
+    Python cannot stop a thread, so a function that overruns keeps running in the background
+    until it returns; the caller gets `DeadlineExceeded` at once and moves on. Code that may
+    never return (model-written code) therefore runs in a sandbox, which is killed instead.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = function()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="rewards-criterion", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        raise DeadlineExceeded(f"timed out after {deadline_s:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@dataclass
+class _Entry:
+    name: str
+    weight: float
+    criterion: Criterion
+    timeout_s: float
+
+
+class Rubric:
+    """Build with `Rubric.from_spec`; see the `rewards` package docstring for the spec."""
+
+    def __init__(self, spec: dict[str, Any], entries: list[_Entry]) -> None:
+        self.spec = spec
+        self._entries = entries
+        aggregate = spec.get("aggregate", "weighted_sum")
+        if isinstance(aggregate, dict):
+            gate = aggregate["gate"]
+            self._gates: list[str] = [gate] if isinstance(gate, str) else list(gate)
+            self._gate_threshold = float(aggregate.get("threshold", 1.0))
+            self._method: str = aggregate.get("then", "weighted_sum")
+        else:
+            self._gates = []
+            self._gate_threshold = 1.0
+            self._method = aggregate
+        self._normalize = bool(spec.get("normalize", False))
+        clip = spec.get("clip")
+        self._clip: tuple[float, float] | None = (clip[0], clip[1]) if clip else None
+        self._parallel = any(e.criterion.blocking or e.criterion.uses_sandbox for e in entries)
+        sandbox = spec.get("sandbox", {})
+        cpus = os.cpu_count() or 1
+        self.default_workers = int(sandbox.get("max_concurrency", 2 * cpus))
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], *, resources: dict[str, Any] | None = None) -> Rubric:
+        """Validates ``spec`` (raising `RubricSpecError` with every issue) and builds it.
+
+        ``resources`` hands criteria objects a JSON spec cannot hold, by name: an LLM judge's
+        generation engine, a preloaded reward model.
+        """
+        raise_for_spec(spec)
+        spec = copy.deepcopy(spec)
+        sandbox_settings = dict(spec.get("sandbox", {}))
+        entries = []
+        for item in spec["criteria"]:
+            criterion_cls = kind_class(item["kind"])
+            assert criterion_cls is not None  # validated above
+            timeout_s = float(item.get("timeout_s", criterion_cls.default_timeout_s))
+            context = CriterionContext(
+                name=item["name"],
+                timeout_s=timeout_s,
+                sandbox_settings=sandbox_settings,
+                resources=dict(resources or {}),
+            )
+            criterion = criterion_cls(dict(item.get("params", {})), context)
+            entries.append(
+                _Entry(item["name"], float(item.get("weight", 1.0)), criterion, timeout_s)
+            )
+        return cls(spec, entries)
+
+    @property
+    def criterion_names(self) -> list[str]:
+        return [entry.name for entry in self._entries]
+
+    def score(self, sample: Sample | dict[str, Any]) -> RewardResult:
+        """Scores one sample. A criterion that crashes or overruns scores 0 with the reason
+        in ``details[name]["error"]``; this method itself does not raise for them."""
+        if not isinstance(sample, Sample):
+            sample = Sample.from_dict(sample)
+        breakdown: dict[str, float] = {}
+        details: dict[str, Any] = {}
+        for entry in self._entries:
+            score, found = self._evaluate(entry, sample)
+            breakdown[entry.name] = score
+            details[entry.name] = found
+        total, how = self._aggregate(breakdown)
+        details["_aggregate"] = how
+        return RewardResult(total=total, breakdown=breakdown, details=details)
+
+    def score_batch(
+        self, samples: Iterable[Sample | dict[str, Any]], max_workers: int | None = None
+    ) -> list[RewardResult]:
+        """Scores many samples on a bounded pool of threads; results keep the input order.
+
+        Rubrics of cheap in-process criteria run on the calling thread (threads would only
+        add contention); rubrics with sandboxed, model or user-code criteria run up to
+        ``max_workers`` samples at once (default: the spec's ``sandbox.max_concurrency``,
+        else twice the CPU count).
+        """
+        batch = [s if isinstance(s, Sample) else Sample.from_dict(s) for s in samples]
+        workers = max_workers if max_workers is not None else self.default_workers
+        if workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        parallel = self._parallel or max_workers is not None
+        if workers == 1 or len(batch) <= 1 or not parallel:
+            return [self.score(sample) for sample in batch]
+        with ThreadPoolExecutor(max_workers=min(workers, len(batch))) as pool:
+            return list(pool.map(self.score, batch))
+
+    def close(self) -> None:
+        for entry in self._entries:
+            entry.criterion.close()
+
+    def __enter__(self) -> Rubric:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _evaluate(self, entry: _Entry, sample: Sample) -> tuple[float, dict[str, Any]]:
+        criterion = entry.criterion
+        started = time.perf_counter()
+        try:
+            if criterion.uses_sandbox:
+                deadline = entry.timeout_s * SANDBOX_DEADLINE_FACTOR + SANDBOX_DEADLINE_GRACE_S
+                outcome = call_with_deadline(lambda: criterion.evaluate(sample), deadline)
+            elif criterion.blocking:
+                outcome = call_with_deadline(lambda: criterion.evaluate(sample), entry.timeout_s)
+            else:
+                outcome = criterion.evaluate(sample)
+            if not isinstance(outcome, Outcome):
+                raise CriterionError(f"returned {type(outcome).__name__}, not an Outcome")
+            score, found = float(outcome.score), dict(outcome.details)
+        except DeadlineExceeded as exc:
+            score, found = 0.0, {"error": str(exc), "timed_out": True}
+        except CriterionError as exc:
+            score, found = 0.0, {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - one broken criterion must not fail the batch
+            score, found = 0.0, {"error": f"crashed: {type(exc).__name__}: {exc}"}
+        found["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return score, found
+
+    def _aggregate(self, scores: dict[str, float]) -> tuple[float, dict[str, Any]]:
+        how: dict[str, Any] = {"method": self._method}
+        weighted = [(e.weight, scores[e.name]) for e in self._entries if e.weight > 0]
+        if self._method == "min":
+            raw = min((s for _, s in weighted), default=0.0)
+        elif self._method == "product":
+            # A weighted geometric product: each score (negative ones count as 0) raised to
+            # its weight; normalised, the weighted geometric mean.
+            log_sum, weight_sum, zero = 0.0, 0.0, False
+            for weight, score in weighted:
+                if score <= 0:
+                    zero = True
+                    break
+                log_sum += weight * math.log(score)
+                weight_sum += weight
+            if zero or not weighted:
+                raw = 0.0
+            else:
+                raw = math.exp(log_sum / weight_sum if self._normalize else log_sum)
+        else:
+            raw = sum(w * s for w, s in weighted)
+            weight_sum = sum(w for w, _ in weighted)
+            if self._normalize and weight_sum > 0:
+                raw /= weight_sum
+        total = raw
+        if self._gates:
+            passed = {g: scores[g] >= self._gate_threshold - 1e-9 for g in self._gates}
+            how["gates"] = passed
+            if not all(passed.values()):
+                total = 0.0
+        if self._clip is not None:
+            total = min(max(total, self._clip[0]), self._clip[1])
+        how["raw"] = raw
+        return float(total), how
