@@ -1,4 +1,39 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from console.registry import views
 
 app_name = "registry"
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("domains/", views.domain_list, name="domain_list"),
+    path("domains/new/", views.domain_create, name="domain_create"),
+    path("domains/<int:pk>/", views.domain_detail, name="domain_detail"),
+    path("domains/<int:pk>/edit/", views.domain_edit, name="domain_edit"),
+    path("domains/<int:pk>/upload/", views.domain_upload, name="domain_upload"),
+    path("rubrics/", views.rubric_list, name="rubric_list"),
+    path("rubrics/new/", views.rubric_create, name="rubric_create"),
+    path("rubrics/<int:pk>/", views.rubric_detail, name="rubric_detail"),
+    path("rubrics/<int:pk>/edit/", views.rubric_edit, name="rubric_edit"),
+    path("rubrics/<int:pk>/draft/", views.rubric_draft, name="rubric_draft"),
+    path("rubrics/<int:pk>/versions/<int:number>/", views.rubric_version, name="rubric_version"),
+    path(
+        "rubrics/<int:pk>/versions/<int:number>/publish/",
+        views.rubric_version_publish,
+        name="rubric_version_publish",
+    ),
+    path("sandbox-images/", views.sandbox_image_list, name="sandbox_image_list"),
+    path("sandbox-images/new/", views.sandbox_image_create, name="sandbox_image_create"),
+    path("sandbox-images/<int:pk>/", views.sandbox_image_detail, name="sandbox_image_detail"),
+    path("sandbox-images/<int:pk>/edit/", views.sandbox_image_edit, name="sandbox_image_edit"),
+    path("sandbox-images/<int:pk>/draft/", views.sandbox_image_draft, name="sandbox_image_draft"),
+    path(
+        "sandbox-images/<int:pk>/versions/<int:number>/",
+        views.sandbox_image_version,
+        name="sandbox_image_version",
+    ),
+    path(
+        "sandbox-images/<int:pk>/versions/<int:number>/publish/",
+        views.sandbox_image_version_publish,
+        name="sandbox_image_version_publish",
+    ),
+]

@@ -1,0 +1,136 @@
+"""Forms only parse and check input; the services write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from console.accounts.models import Team
+from console.registry import selectors, specs
+from console.registry.models import LIMIT_BOUNDS, SandboxDriver, SandboxNetwork, SpecFormat
+from console.registry.services import sandbox_version_problems
+
+SLUG_HELP = "Lowercase letters, digits, '-' and '_'; unique in your team."
+
+
+class DomainForm(forms.Form):
+    slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
+    title = forms.CharField(max_length=200)
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+    default_mix_weight = forms.FloatField(
+        min_value=0, initial=1.0, help_text="Share of this domain in a run's mix (≥ 0)."
+    )
+    rubric = forms.ModelChoiceField(queryset=None, required=False, empty_label="— none —")
+    sandbox_image = forms.ModelChoiceField(queryset=None, required=False, empty_label="— none —")
+
+    def __init__(self, *args: Any, team: Team, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Only this team's objects can be chosen: another team's id is "not a valid choice".
+        self.fields["rubric"].queryset = selectors.rubric_choices(team=team)  # type: ignore[attr-defined]
+        self.fields["sandbox_image"].queryset = selectors.sandbox_image_choices(team=team)  # type: ignore[attr-defined]
+
+    def clean_default_mix_weight(self) -> float:
+        weight = self.cleaned_data["default_mix_weight"]
+        if weight != weight or weight == float("inf"):
+            raise ValidationError("must be a finite number ≥ 0")
+        return weight
+
+
+class TaskUploadForm(forms.Form):
+    file = forms.FileField(help_text="JSONL, UTF-8: one task per line.")
+    held_out_fraction = forms.FloatField(
+        min_value=0, max_value=1, initial=0.1, help_text="Fraction of tasks held out (0–1)."
+    )
+    split_seed = forms.IntegerField(initial=0, min_value=-(2**63), max_value=2**63 - 1)
+    keep_valid_rows = forms.BooleanField(
+        required=False, label="Keep the valid rows if some rows are invalid"
+    )
+
+
+class RubricMetaForm(forms.Form):
+    slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
+    title = forms.CharField(max_length=200)
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+
+class RubricSourceForm(forms.Form):
+    source_format = forms.ChoiceField(choices=SpecFormat.choices, initial=SpecFormat.YAML)
+    source = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 18, "spellcheck": "false"}),
+        strip=False,
+        max_length=specs.MAX_SOURCE_CHARS,
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.issues: list[specs.Issue] = []
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if "source" in cleaned and "source_format" in cleaned:
+            spec, self.issues = specs.check_rubric_source(
+                cleaned["source"], cleaned["source_format"]
+            )
+            if self.issues:
+                self.add_error("source", [str(issue) for issue in self.issues])
+            cleaned["spec"] = spec
+        return cleaned
+
+
+class RubricCreateForm(RubricMetaForm, RubricSourceForm):
+    field_order = ["slug", "title", "description", "source_format", "source"]
+
+
+class SandboxImageMetaForm(forms.Form):
+    slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
+    title = forms.CharField(max_length=200)
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+
+def _limit_field(name: str, label: str, help_text: str, integral: bool = True) -> forms.Field:
+    low, high = LIMIT_BOUNDS[name]
+    field_class = forms.IntegerField if integral else forms.FloatField
+    return field_class(
+        label=label, min_value=low, max_value=high, help_text=f"{help_text} ({low:g}–{high:g})"
+    )
+
+
+class SandboxVersionForm(forms.Form):
+    driver = forms.ChoiceField(choices=SandboxDriver.choices, initial=SandboxDriver.BWRAP)
+    image_ref = forms.CharField(
+        label="Image reference or base",
+        max_length=500,
+        required=False,
+        help_text="podman/docker: an image such as python:3.11-slim; bwrap: a root directory, "
+        "empty for the host's read-only root.",
+    )
+    setup_script = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}), required=False, strip=False
+    )
+    cpu = _limit_field("cpu", "CPUs", "cores", integral=False)
+    memory_mb = _limit_field("memory_mb", "Memory (MB)", "MB")
+    pids = _limit_field("pids", "Processes", "pids")
+    disk_mb = _limit_field("disk_mb", "Disk (MB)", "MB")
+    timeout_s = _limit_field("timeout_s", "Timeout (s)", "seconds")
+    network = forms.ChoiceField(choices=SandboxNetwork.choices, initial=SandboxNetwork.NONE)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        # The same checks the service makes, run only on fields that parsed, so each field shows
+        # one clear message.
+        if not self.errors:
+            for name, messages in sandbox_version_problems(cleaned).items():
+                self.add_error(name, messages)
+        return cleaned
+
+    def version_values(self) -> dict[str, Any]:
+        return {name: self.cleaned_data[name] for name in self.fields}
+
+
+class SandboxImageCreateForm(SandboxImageMetaForm, SandboxVersionForm):
+    field_order = ["slug", "title", "description", *SandboxVersionForm.base_fields]
+
+    def version_values(self) -> dict[str, Any]:
+        return {name: self.cleaned_data[name] for name in SandboxVersionForm.base_fields}

@@ -1,0 +1,319 @@
+"""What a team registers: domains with their task sets, reward rubrics and sandbox images.
+
+Rubrics and sandbox images are versioned: a version is a draft (editable) until it is
+published, after which it is frozen; runs pin a published version. The database enforces what
+must never be false (unique names per team, one version number per parent, at most one draft
+per parent, limits in range), so a bug in a service or a race cannot store it.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from console.accounts.models import Team
+
+
+class VersionStatus(models.TextChoices):
+    DRAFT = "draft", "Draft"
+    PUBLISHED = "published", "Published"
+
+
+class SpecFormat(models.TextChoices):
+    JSON = "json", "JSON"
+    YAML = "yaml", "YAML"
+
+
+class SandboxDriver(models.TextChoices):
+    BWRAP = "bwrap", "bubblewrap"
+    PODMAN = "podman", "Podman"
+    DOCKER = "docker", "Docker"
+
+
+class SandboxNetwork(models.TextChoices):
+    NONE = "none", "None"
+    LOOPBACK = "loopback", "Loopback only"
+
+
+class TaskSplit(models.TextChoices):
+    TRAIN = "train", "Train"
+    HELD_OUT = "held_out", "Held out"
+
+
+# Bounds on sandbox limits, shared by forms, the API and the database constraints.
+LIMIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "cpu": (0.05, 256),
+    "memory_mb": (16, 2_097_152),
+    "pids": (1, 1_000_000),
+    "disk_mb": (1, 16_777_216),
+    "timeout_s": (1, 86_400),
+}
+
+
+class Rubric(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="rubrics")
+    slug = models.SlugField(max_length=64)
+    title = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "slug"], name="rubric_slug_unique_per_team")
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class RubricVersion(models.Model):
+    rubric = models.ForeignKey(Rubric, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    status = models.CharField(
+        max_length=16, choices=VersionStatus.choices, default=VersionStatus.DRAFT
+    )
+    # The text the author wrote (kept verbatim so comments and layout survive) and the parsed
+    # spec that `rewards.Rubric.from_spec` consumes.
+    source = models.TextField()
+    source_format = models.CharField(max_length=8, choices=SpecFormat.choices)
+    spec = models.JSONField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+    published_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["rubric", "-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["rubric", "number"], name="rubric_version_number_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["rubric"],
+                condition=Q(status="draft"),
+                name="rubric_at_most_one_draft",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["draft", "published"]), name="rubric_version_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(status="draft", published_at__isnull=True)
+                | Q(status="published", published_at__isnull=False, published_by__isnull=False),
+                name="rubric_version_published_fields",
+            ),
+            models.CheckConstraint(condition=Q(number__gte=1), name="rubric_version_number_gte_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rubric_id} v{self.number}"
+
+    @property
+    def is_draft(self) -> bool:
+        return self.status == VersionStatus.DRAFT
+
+
+class SandboxImage(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sandbox_images")
+    slug = models.SlugField(max_length=64)
+    title = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "slug"], name="sandbox_image_slug_unique_per_team"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class SandboxImageVersion(models.Model):
+    image = models.ForeignKey(SandboxImage, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    status = models.CharField(
+        max_length=16, choices=VersionStatus.choices, default=VersionStatus.DRAFT
+    )
+    driver = models.CharField(max_length=16, choices=SandboxDriver.choices)
+    # For podman/docker an OCI reference (registry/name:tag or @sha256:...); for bwrap the base
+    # root filesystem directory ("" means the host's read-only root).
+    image_ref = models.CharField(max_length=500, blank=True)
+    setup_script = models.TextField(blank=True)
+    cpu = models.FloatField()
+    memory_mb = models.PositiveIntegerField()
+    pids = models.PositiveIntegerField()
+    disk_mb = models.PositiveIntegerField()
+    timeout_s = models.PositiveIntegerField()
+    network = models.CharField(
+        max_length=16, choices=SandboxNetwork.choices, default=SandboxNetwork.NONE
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+    published_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["image", "-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["image", "number"], name="sandbox_image_version_number_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["image"],
+                condition=Q(status="draft"),
+                name="sandbox_image_at_most_one_draft",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["draft", "published"]),
+                name="sandbox_image_version_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(status="draft", published_at__isnull=True)
+                | Q(status="published", published_at__isnull=False, published_by__isnull=False),
+                name="sandbox_image_version_published_fields",
+            ),
+            models.CheckConstraint(
+                condition=Q(number__gte=1), name="sandbox_image_version_number_gte_1"
+            ),
+            models.CheckConstraint(
+                condition=Q(driver__in=["bwrap", "podman", "docker"]),
+                name="sandbox_image_version_driver_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(network__in=["none", "loopback"]),
+                name="sandbox_image_version_network_valid",
+            ),
+            # Container drivers cannot start without an image to pull.
+            models.CheckConstraint(
+                condition=Q(driver="bwrap") | ~Q(image_ref=""),
+                name="sandbox_image_version_container_needs_ref",
+            ),
+            *[
+                models.CheckConstraint(
+                    condition=Q(**{f"{field}__gte": low, f"{field}__lte": high}),
+                    name=f"sandbox_image_version_{field}_in_range",
+                )
+                for field, (low, high) in LIMIT_BOUNDS.items()
+            ],
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.image_id} v{self.number}"
+
+    @property
+    def is_draft(self) -> bool:
+        return self.status == VersionStatus.DRAFT
+
+    def limits(self) -> dict[str, object]:
+        return {
+            "cpu": self.cpu,
+            "memory_mb": self.memory_mb,
+            "pids": self.pids,
+            "disk_mb": self.disk_mb,
+            "timeout_s": self.timeout_s,
+            "network": self.network,
+        }
+
+
+class Domain(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="domains")
+    slug = models.SlugField(max_length=64)
+    title = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    default_mix_weight = models.FloatField(default=1.0)
+    rubric = models.ForeignKey(
+        Rubric, on_delete=models.PROTECT, null=True, blank=True, related_name="domains"
+    )
+    sandbox_image = models.ForeignKey(
+        SandboxImage, on_delete=models.PROTECT, null=True, blank=True, related_name="domains"
+    )
+    # The task set: replaced whole by each upload; the counter lets runs record which upload
+    # they trained on.
+    taskset_version = models.PositiveIntegerField(default=0)
+    taskset_filename = models.CharField(max_length=255, blank=True)
+    taskset_uploaded_at = models.DateTimeField(null=True, blank=True)
+    task_count = models.PositiveIntegerField(default=0)
+    held_out_count = models.PositiveIntegerField(default=0)
+    held_out_fraction = models.FloatField(default=0.1)
+    split_seed = models.BigIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "slug"], name="domain_slug_unique_per_team"),
+            models.CheckConstraint(
+                condition=Q(default_mix_weight__gte=0), name="domain_mix_weight_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=Q(held_out_fraction__gte=0, held_out_fraction__lte=1),
+                name="domain_held_out_fraction_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(held_out_count__lte=models.F("task_count")),
+                name="domain_held_out_count_lte_task_count",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def train_count(self) -> int:
+        return self.task_count - self.held_out_count
+
+
+class Task(models.Model):
+    domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="tasks")
+    # 0-based position in the uploaded file; line number = index + 1 (blank lines excepted).
+    index = models.PositiveIntegerField()
+    line_number = models.PositiveIntegerField()
+    prompt = models.TextField(blank=True)
+    messages = models.JSONField(null=True, blank=True)
+    ground_truth = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    split = models.CharField(max_length=16, choices=TaskSplit.choices, default=TaskSplit.TRAIN)
+
+    class Meta:
+        ordering = ["domain", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["domain", "index"], name="task_index_unique"),
+            models.CheckConstraint(
+                condition=~Q(prompt="") | Q(messages__isnull=False),
+                name="task_has_prompt_or_messages",
+            ),
+            models.CheckConstraint(
+                condition=Q(split__in=["train", "held_out"]), name="task_split_valid"
+            ),
+        ]
+        indexes = [models.Index(fields=["domain", "split", "index"], name="task_domain_split")]
+
+    def __str__(self) -> str:
+        return f"{self.domain_id}#{self.index}"

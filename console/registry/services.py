@@ -1,0 +1,653 @@
+"""Every write to the registry. Each service runs in one transaction and records an audit entry
+inside it, so a change and its record commit or vanish together.
+
+Services check what the data must satisfy (same-team references, spec validity, limits) and
+raise `django.core.exceptions.ValidationError` with a field → messages dict; who may call them
+is decided by the views and the API through `console.accounts.access`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import IO, Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, models, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from console.accounts.models import Team
+from console.audit.services import audit_record
+from console.registry import specs, tasksets
+from console.registry.models import (
+    LIMIT_BOUNDS,
+    Domain,
+    Rubric,
+    RubricVersion,
+    SandboxDriver,
+    SandboxImage,
+    SandboxImageVersion,
+    SandboxNetwork,
+    SpecFormat,
+    Task,
+    TaskSplit,
+    VersionStatus,
+)
+
+TASK_CHUNK = 2000
+MAX_REPORTED_ROW_ERRORS = 200
+MAX_SETUP_SCRIPT_CHARS = 64 * 1024
+SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# registry[:port]/path/name[:tag][@sha256:digest], as OCI distribution names are written.
+OCI_REF_RE = re.compile(
+    r"^(?:(?:[a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
+
+
+class VersionConflict(Exception):
+    """The version is no longer a draft (someone published it first)."""
+
+
+# --- snapshots for the audit log ----------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    return value
+
+
+def snapshot(instance: models.Model, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The instance's stored fields as JSON-ready values (foreign keys as ids)."""
+    data: dict[str, Any] = {}
+    for model_field in instance._meta.concrete_fields:
+        if model_field.name in exclude:
+            continue
+        data[model_field.attname] = _jsonable(getattr(instance, model_field.attname))
+    return data
+
+
+# --- shared checks ------------------------------------------------------------------------------
+
+
+def _check_slug(slug: str) -> None:
+    if not SLUG_RE.match(slug or ""):
+        raise ValidationError(
+            {"slug": "use 1–64 lowercase letters, digits, '-' or '_' (not first)"}
+        )
+
+
+def _check_title(title: str) -> None:
+    if not (title or "").strip():
+        raise ValidationError({"title": "a title is required"})
+    if len(title) > 200:
+        raise ValidationError({"title": "at most 200 characters"})
+
+
+def _save_unique(instance: models.Model, *, what: str, **save_kwargs: Any) -> None:
+    """Save, turning the per-team slug constraint into a form error. The savepoint keeps the
+    surrounding transaction usable after the IntegrityError."""
+    try:
+        with transaction.atomic():
+            instance.save(**save_kwargs)
+    except IntegrityError as exc:
+        if "slug_unique_per_team" in str(exc):
+            raise ValidationError(
+                {"slug": f"this team already has a {what} with the slug {instance.slug!r}"}  # type: ignore[attr-defined]
+            ) from None
+        raise
+
+
+# --- domains ------------------------------------------------------------------------------------
+
+
+def _check_domain_refs(
+    team: Team, rubric: Rubric | None, sandbox_image: SandboxImage | None
+) -> None:
+    if rubric is not None and rubric.team_id != team.pk:
+        raise ValidationError({"rubric": "choose a rubric of this team"})
+    if sandbox_image is not None and sandbox_image.team_id != team.pk:
+        raise ValidationError({"sandbox_image": "choose a sandbox image of this team"})
+
+
+def _check_weight(weight: float) -> None:
+    if weight is None or not (0 <= float(weight) < float("inf")):
+        raise ValidationError({"default_mix_weight": "must be a number ≥ 0"})
+
+
+@transaction.atomic
+def domain_create(
+    *,
+    actor: Any,
+    team: Team,
+    slug: str,
+    title: str,
+    description: str = "",
+    default_mix_weight: float = 1.0,
+    rubric: Rubric | None = None,
+    sandbox_image: SandboxImage | None = None,
+) -> Domain:
+    _check_slug(slug)
+    _check_title(title)
+    _check_weight(default_mix_weight)
+    _check_domain_refs(team, rubric, sandbox_image)
+    domain = Domain(
+        team=team,
+        slug=slug,
+        title=title.strip(),
+        description=description,
+        default_mix_weight=default_mix_weight,
+        rubric=rubric,
+        sandbox_image=sandbox_image,
+        created_by=actor,
+    )
+    _save_unique(domain, what="domain")
+    audit_record(
+        actor=actor,
+        team=team,
+        action="domain.create",
+        target=domain,
+        before=None,
+        after=snapshot(domain),
+    )
+    return domain
+
+
+DOMAIN_EDITABLE = ("slug", "title", "description", "default_mix_weight", "rubric", "sandbox_image")
+
+
+@transaction.atomic
+def domain_update(*, actor: Any, domain: Domain, **changes: Any) -> Domain:
+    unknown = set(changes) - set(DOMAIN_EDITABLE)
+    if unknown:
+        raise ValidationError({name: "cannot be changed" for name in sorted(unknown)})
+    domain = Domain.objects.select_for_update().get(pk=domain.pk)
+    before = snapshot(domain)
+    for name, value in changes.items():
+        setattr(domain, name, value.strip() if name == "title" else value)
+    _check_slug(domain.slug)
+    _check_title(domain.title)
+    _check_weight(domain.default_mix_weight)
+    _check_domain_refs(domain.team, domain.rubric, domain.sandbox_image)
+    _save_unique(domain, what="domain")
+    after = snapshot(domain)
+    if after != before:
+        audit_record(
+            actor=actor,
+            team=domain.team,
+            action="domain.update",
+            target=domain,
+            before=before,
+            after=after,
+        )
+    return domain
+
+
+@dataclass
+class UploadResult:
+    stored: bool
+    lines: int = 0
+    valid: int = 0
+    invalid: int = 0
+    held_out: int = 0
+    errors: list[tasksets.RowError] = field(default_factory=list)
+    file_error: str = ""
+
+    @property
+    def more_errors(self) -> int:
+        return self.invalid - len(self.errors)
+
+
+class _Rollback(Exception):
+    """Raised inside the upload transaction to undo it while keeping the report."""
+
+
+def domain_upload_tasks(
+    *,
+    actor: Any,
+    domain: Domain,
+    stream: IO[bytes],
+    filename: str,
+    held_out_fraction: float,
+    split_seed: int,
+    keep_valid_rows: bool = False,
+    max_line_bytes: int | None = None,
+) -> UploadResult:
+    """Replace the domain's task set with the tasks in a JSONL file, read line by line.
+
+    If any row is invalid nothing changes, unless `keep_valid_rows`; then the valid rows are
+    stored and the invalid ones reported. Either way the report lists errors by line number.
+    Memory stays bounded by one chunk of rows and one line, whatever the file's size.
+    """
+    if not (0 <= held_out_fraction <= 1):
+        raise ValidationError({"held_out_fraction": "must be between 0 and 1"})
+    limit = max_line_bytes or settings.TASKSET_MAX_LINE_BYTES
+    result = UploadResult(stored=False)
+    try:
+        with transaction.atomic():
+            locked = Domain.objects.select_for_update().get(pk=domain.pk)
+            before = snapshot(locked)
+            locked.tasks.all().delete()
+            _store_rows(
+                locked, stream, limit, held_out_fraction, split_seed, keep_valid_rows, result
+            )
+            if result.invalid and not keep_valid_rows:
+                raise _Rollback
+            if result.valid == 0:
+                result.file_error = (
+                    "the file holds no tasks"
+                    if not result.invalid
+                    else ("no row is valid, so nothing was stored")
+                )
+                raise _Rollback
+            locked.taskset_version += 1
+            locked.taskset_filename = PurePosixPath(filename).name[:255]
+            locked.taskset_uploaded_at = timezone.now()
+            locked.task_count = result.valid
+            locked.held_out_count = result.held_out
+            locked.held_out_fraction = held_out_fraction
+            locked.split_seed = split_seed
+            locked.save(
+                update_fields=[
+                    "taskset_version",
+                    "taskset_filename",
+                    "taskset_uploaded_at",
+                    "task_count",
+                    "held_out_count",
+                    "held_out_fraction",
+                    "split_seed",
+                    "updated_at",
+                ]
+            )
+            audit_record(
+                actor=actor,
+                team=locked.team,
+                action="domain.upload_tasks",
+                target=locked,
+                before=before,
+                after={
+                    **snapshot(locked),
+                    "rows_stored": result.valid,
+                    "rows_rejected": result.invalid,
+                },
+            )
+            result.stored = True
+    except _Rollback:
+        result.stored = False
+    except tasksets.TasksetFileError as exc:
+        result.stored = False
+        result.file_error = str(exc)
+    return result
+
+
+def _store_rows(
+    domain: Domain,
+    stream: IO[bytes],
+    max_line_bytes: int,
+    held_out_fraction: float,
+    split_seed: int,
+    keep_valid_rows: bool,
+    result: UploadResult,
+) -> None:
+    batch: list[Task] = []
+    for line_number, row in tasksets.read_tasks(stream, max_line_bytes=max_line_bytes):
+        result.lines = line_number
+        if isinstance(row, tasksets.RowError):
+            result.invalid += 1
+            if len(result.errors) < MAX_REPORTED_ROW_ERRORS:
+                result.errors.append(row)
+            if not keep_valid_rows:
+                batch.clear()  # nothing will be stored: keep reading only to report errors
+            continue
+        index = result.valid
+        result.valid += 1
+        if result.invalid and not keep_valid_rows:
+            continue
+        split = row.split or (
+            TaskSplit.HELD_OUT
+            if tasksets.held_out(split_seed, index, held_out_fraction)
+            else TaskSplit.TRAIN
+        )
+        if split == TaskSplit.HELD_OUT:
+            result.held_out += 1
+        batch.append(
+            Task(
+                domain=domain,
+                index=index,
+                line_number=line_number,
+                prompt=row.prompt,
+                messages=row.messages,
+                ground_truth=row.ground_truth,
+                metadata=row.metadata,
+                split=split,
+            )
+        )
+        if len(batch) >= TASK_CHUNK:
+            Task.objects.bulk_create(batch)
+            batch.clear()
+    if batch:
+        Task.objects.bulk_create(batch)
+
+
+# --- versioned things: rubrics and sandbox images -----------------------------------------------
+
+
+def _next_number(versions: models.QuerySet) -> int:
+    return (versions.aggregate(top=Max("number"))["top"] or 0) + 1
+
+
+def _publish(version: RubricVersion | SandboxImageVersion, actor: Any) -> None:
+    """Flip a draft to published with a conditional update: of two concurrent publishers exactly
+    one changes the row; the other learns it lost."""
+    now = timezone.now()
+    changed = (
+        type(version)
+        .objects.filter(pk=version.pk, status=VersionStatus.DRAFT)
+        .update(
+            status=VersionStatus.PUBLISHED, published_at=now, published_by=actor, updated_at=now
+        )
+    )
+    if changed != 1:
+        raise VersionConflict(f"version {version.number} is already published")
+    version.refresh_from_db()
+
+
+# --- rubrics ------------------------------------------------------------------------------------
+
+
+def _checked_spec(source: str, source_format: str) -> dict[str, Any]:
+    if source_format not in SpecFormat.values:
+        raise ValidationError({"source_format": "choose json or yaml"})
+    spec, issues = specs.check_rubric_source(source, source_format)
+    if issues or spec is None:
+        raise ValidationError({"source": [str(issue) for issue in issues]})
+    return spec
+
+
+@transaction.atomic
+def rubric_create(
+    *,
+    actor: Any,
+    team: Team,
+    slug: str,
+    title: str,
+    description: str = "",
+    source: str,
+    source_format: str,
+) -> Rubric:
+    _check_slug(slug)
+    _check_title(title)
+    spec = _checked_spec(source, source_format)
+    rubric = Rubric(
+        team=team, slug=slug, title=title.strip(), description=description, created_by=actor
+    )
+    _save_unique(rubric, what="rubric")
+    version = RubricVersion.objects.create(
+        rubric=rubric,
+        number=1,
+        source=source,
+        source_format=source_format,
+        spec=spec,
+        created_by=actor,
+    )
+    audit_record(
+        actor=actor,
+        team=team,
+        action="rubric.create",
+        target=rubric,
+        before=None,
+        after={**snapshot(rubric), "draft": snapshot(version)},
+    )
+    return rubric
+
+
+@transaction.atomic
+def rubric_update(*, actor: Any, rubric: Rubric, slug: str, title: str, description: str) -> Rubric:
+    rubric = Rubric.objects.select_for_update().get(pk=rubric.pk)
+    before = snapshot(rubric)
+    _check_slug(slug)
+    _check_title(title)
+    rubric.slug, rubric.title, rubric.description = slug, title.strip(), description
+    _save_unique(rubric, what="rubric")
+    after = snapshot(rubric)
+    if after != before:
+        audit_record(
+            actor=actor,
+            team=rubric.team,
+            action="rubric.update",
+            target=rubric,
+            before=before,
+            after=after,
+        )
+    return rubric
+
+
+@transaction.atomic
+def rubric_save_draft(
+    *, actor: Any, rubric: Rubric, source: str, source_format: str
+) -> RubricVersion:
+    """Edit the rubric's draft, or start a new draft version after the published ones."""
+    spec = _checked_spec(source, source_format)
+    # Locking the rubric serialises draft edits and publishes of the same rubric.
+    rubric = Rubric.objects.select_for_update().get(pk=rubric.pk)
+    draft = rubric.versions.filter(status=VersionStatus.DRAFT).first()
+    if draft is None:
+        draft = RubricVersion(
+            rubric=rubric, number=_next_number(rubric.versions.all()), created_by=actor
+        )
+        before = None
+    else:
+        before = snapshot(draft)
+    draft.source, draft.source_format, draft.spec = source, source_format, spec
+    draft.save()
+    audit_record(
+        actor=actor,
+        team=rubric.team,
+        action="rubric.save_draft",
+        target=draft,
+        before=before,
+        after=snapshot(draft),
+    )
+    return draft
+
+
+@transaction.atomic
+def rubric_version_publish(*, actor: Any, version: RubricVersion) -> RubricVersion:
+    rubric = Rubric.objects.select_for_update().get(pk=version.rubric_id)
+    version = RubricVersion.objects.get(pk=version.pk)
+    if not version.is_draft:
+        raise VersionConflict(f"version {version.number} is already published")
+    # A spec that was valid when saved may not be under today's rewards library: check again.
+    _checked_spec(version.source, version.source_format)
+    before = snapshot(version)
+    _publish(version, actor)
+    audit_record(
+        actor=actor,
+        team=rubric.team,
+        action="rubric.publish",
+        target=version,
+        before=before,
+        after=snapshot(version),
+    )
+    return version
+
+
+# --- sandbox images -----------------------------------------------------------------------------
+
+SANDBOX_VERSION_FIELDS = (
+    "driver",
+    "image_ref",
+    "setup_script",
+    "cpu",
+    "memory_mb",
+    "pids",
+    "disk_mb",
+    "timeout_s",
+    "network",
+)
+SANDBOX_DEFAULTS: dict[str, Any] = {
+    "driver": SandboxDriver.BWRAP,
+    "image_ref": "",
+    "setup_script": "",
+    "cpu": 1.0,
+    "memory_mb": 1024,
+    "pids": 256,
+    "disk_mb": 1024,
+    "timeout_s": 60,
+    "network": SandboxNetwork.NONE,
+}
+
+
+def sandbox_version_problems(values: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Problems with a sandbox image version's fields, by field name; empty when valid."""
+    problems: dict[str, list[str]] = {}
+
+    def add(name: str, message: str) -> None:
+        problems.setdefault(name, []).append(message)
+
+    driver = values.get("driver")
+    if driver not in SandboxDriver.values:
+        add("driver", "choose bwrap, podman or docker")
+    network = values.get("network")
+    if network not in SandboxNetwork.values:
+        add("network", "choose none or loopback")
+    for name, (low, high) in LIMIT_BOUNDS.items():
+        value = values.get(name)
+        integral = name != "cpu"
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            add(name, "must be a number" if not integral else "must be a whole number")
+        elif integral and int(value) != value:
+            add(name, "must be a whole number")
+        elif not (low <= value <= high):
+            add(name, f"must be between {low:g} and {high:g}")
+    ref = values.get("image_ref") or ""
+    if not isinstance(ref, str) or len(ref) > 500:
+        add("image_ref", "at most 500 characters")
+    elif driver in (SandboxDriver.PODMAN, SandboxDriver.DOCKER):
+        if not ref:
+            add("image_ref", f"{driver} needs an image reference such as python:3.11-slim")
+        elif not OCI_REF_RE.match(ref):
+            add("image_ref", "not an image reference (registry/name:tag or name@sha256:…)")
+    elif driver == SandboxDriver.BWRAP and ref:
+        path = PurePosixPath(ref)
+        if not path.is_absolute() or ".." in path.parts:
+            add("image_ref", "for bwrap, the base is an absolute root directory without '..'")
+    script = values.get("setup_script") or ""
+    if not isinstance(script, str) or len(script) > MAX_SETUP_SCRIPT_CHARS:
+        add("setup_script", f"at most {MAX_SETUP_SCRIPT_CHARS:,} characters")
+    elif "\x00" in script:
+        add("setup_script", "must not contain NUL bytes")
+    return problems
+
+
+def _checked_sandbox_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = set(values) - set(SANDBOX_VERSION_FIELDS)
+    if unknown:
+        raise ValidationError({name: "unknown field" for name in sorted(unknown)})
+    merged = {**SANDBOX_DEFAULTS, **values}
+    problems = sandbox_version_problems(merged)
+    if problems:
+        raise ValidationError(problems)
+    return merged
+
+
+@transaction.atomic
+def sandbox_image_create(
+    *, actor: Any, team: Team, slug: str, title: str, description: str = "", **version_values: Any
+) -> SandboxImage:
+    _check_slug(slug)
+    _check_title(title)
+    values = _checked_sandbox_values(version_values)
+    image = SandboxImage(
+        team=team, slug=slug, title=title.strip(), description=description, created_by=actor
+    )
+    _save_unique(image, what="sandbox image")
+    version = SandboxImageVersion.objects.create(image=image, number=1, created_by=actor, **values)
+    audit_record(
+        actor=actor,
+        team=team,
+        action="sandbox_image.create",
+        target=image,
+        before=None,
+        after={**snapshot(image), "draft": snapshot(version)},
+    )
+    return image
+
+
+@transaction.atomic
+def sandbox_image_update(
+    *, actor: Any, image: SandboxImage, slug: str, title: str, description: str
+) -> SandboxImage:
+    image = SandboxImage.objects.select_for_update().get(pk=image.pk)
+    before = snapshot(image)
+    _check_slug(slug)
+    _check_title(title)
+    image.slug, image.title, image.description = slug, title.strip(), description
+    _save_unique(image, what="sandbox image")
+    after = snapshot(image)
+    if after != before:
+        audit_record(
+            actor=actor,
+            team=image.team,
+            action="sandbox_image.update",
+            target=image,
+            before=before,
+            after=after,
+        )
+    return image
+
+
+@transaction.atomic
+def sandbox_image_save_draft(
+    *, actor: Any, image: SandboxImage, **version_values: Any
+) -> SandboxImageVersion:
+    values = _checked_sandbox_values(version_values)
+    image = SandboxImage.objects.select_for_update().get(pk=image.pk)
+    draft = image.versions.filter(status=VersionStatus.DRAFT).first()
+    if draft is None:
+        draft = SandboxImageVersion(
+            image=image, number=_next_number(image.versions.all()), created_by=actor
+        )
+        before = None
+    else:
+        before = snapshot(draft)
+    for name, value in values.items():
+        setattr(draft, name, value)
+    draft.save()
+    audit_record(
+        actor=actor,
+        team=image.team,
+        action="sandbox_image.save_draft",
+        target=draft,
+        before=before,
+        after=snapshot(draft),
+    )
+    return draft
+
+
+@transaction.atomic
+def sandbox_image_version_publish(
+    *, actor: Any, version: SandboxImageVersion
+) -> SandboxImageVersion:
+    image = SandboxImage.objects.select_for_update().get(pk=version.image_id)
+    version = SandboxImageVersion.objects.get(pk=version.pk)
+    if not version.is_draft:
+        raise VersionConflict(f"version {version.number} is already published")
+    before = snapshot(version)
+    _publish(version, actor)
+    audit_record(
+        actor=actor,
+        team=image.team,
+        action="sandbox_image.publish",
+        target=version,
+        before=before,
+        after=snapshot(version),
+    )
+    return version

@@ -1,0 +1,567 @@
+"""Registry pages: domains (with task-set upload), reward rubrics, sandbox images.
+
+Each view checks access through one helper per resource, calls one service or selector and
+renders one template; htmx requests get a named partial of the same template. Forms validate
+inline: an htmx POST carrying `_validate` re-renders the form with its errors and saves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
+from django.forms import Form
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.accounts.access import require_active_membership, require_team_role
+from console.accounts.models import Membership, Role
+from console.registry import forms, selectors, services, specs
+from console.registry.models import (
+    Domain,
+    Rubric,
+    RubricVersion,
+    SandboxImage,
+    SandboxImageVersion,
+    TaskSplit,
+)
+from console.registry.uploads import SizeLimitHandler
+
+PAGE_SIZE = 25
+TASK_PAGE_SIZE = 20
+
+# --- access: one helper per resource -------------------------------------------------------------
+
+
+def _domain_for(
+    request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
+) -> tuple[Domain, Membership]:
+    try:
+        domain = selectors.domain_get(pk=pk)
+    except Domain.DoesNotExist:
+        raise Http404("No such domain") from None
+    return domain, require_team_role(request.user, domain.team, role)
+
+
+def _rubric_for(
+    request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
+) -> tuple[Rubric, Membership]:
+    try:
+        rubric = selectors.rubric_get(pk=pk)
+    except Rubric.DoesNotExist:
+        raise Http404("No such rubric") from None
+    return rubric, require_team_role(request.user, rubric.team, role)
+
+
+def _rubric_version_for(
+    request: HttpRequest, pk: int, number: int, role: str = Role.ANNOTATOR
+) -> tuple[RubricVersion, Membership]:
+    rubric, membership = _rubric_for(request, pk, role)
+    try:
+        return selectors.rubric_version_get(rubric=rubric, number=number), membership
+    except RubricVersion.DoesNotExist:
+        raise Http404("No such version") from None
+
+
+def _image_for(
+    request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
+) -> tuple[SandboxImage, Membership]:
+    try:
+        image = selectors.sandbox_image_get(pk=pk)
+    except SandboxImage.DoesNotExist:
+        raise Http404("No such sandbox image") from None
+    return image, require_team_role(request.user, image.team, role)
+
+
+def _image_version_for(
+    request: HttpRequest, pk: int, number: int, role: str = Role.ANNOTATOR
+) -> tuple[SandboxImageVersion, Membership]:
+    image, membership = _image_for(request, pk, role)
+    try:
+        return selectors.sandbox_image_version_get(image=image, number=number), membership
+    except SandboxImageVersion.DoesNotExist:
+        raise Http404("No such version") from None
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _page(request: HttpRequest, items: QuerySet, size: int = PAGE_SIZE) -> Page:
+    return Paginator(items, size).get_page(request.GET.get("page"))
+
+
+def _validating(request: HttpRequest) -> bool:
+    return bool(request.htmx) and request.POST.get("_validate") == "1"  # type: ignore[attr-defined]
+
+
+def _form_response(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
+    """The form alone for inline validation; the whole page (422) for a failed submit."""
+    if _validating(request):
+        return render(request, f"{template}#form", context)
+    return render(request, template, context, status=422 if request.method == "POST" else 200)
+
+
+def _apply_service_errors(form: Form, error: ValidationError) -> None:
+    if hasattr(error, "error_dict"):
+        for name, errors in error.error_dict.items():
+            form.add_error(name if name in form.fields else None, errors)
+    else:
+        form.add_error(None, error)
+
+
+def _can_edit(membership: Membership) -> bool:
+    return membership.has_role(Role.RESEARCHER)
+
+
+# --- overview -----------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request)
+    return render(
+        request,
+        "registry/home.html",
+        {
+            "counts": selectors.registry_counts(team=membership.team),
+            "can_edit": _can_edit(membership),
+        },
+    )
+
+
+# --- domains ------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def domain_list(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request)
+    query = request.GET.get("q", "")
+    page = _page(request, selectors.domain_list(team=membership.team, query=query))
+    context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "registry/domain_list.html#results", context)
+    return render(request, "registry/domain_list.html", context)
+
+
+def _domain_form_values(form: forms.DomainForm) -> dict[str, Any]:
+    return {name: form.cleaned_data[name] for name in services.DOMAIN_EDITABLE}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def domain_create(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request, Role.RESEARCHER)
+    team = membership.team
+    form = forms.DomainForm(request.POST or None, team=team)
+    context = {"form": form, "domain": None}
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            domain = services.domain_create(
+                actor=request.user, team=team, **_domain_form_values(form)
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, f"Domain {domain.slug} created. Upload its task set below.")
+            return redirect("registry:domain_detail", pk=domain.pk)
+    return _form_response(request, "registry/domain_form.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def domain_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    domain, _ = _domain_for(request, pk, Role.RESEARCHER)
+    initial = {name: getattr(domain, name) for name in services.DOMAIN_EDITABLE}
+    form = forms.DomainForm(request.POST or None, initial=initial, team=domain.team)
+    context = {"form": form, "domain": domain}
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            services.domain_update(actor=request.user, domain=domain, **_domain_form_values(form))
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, "Domain saved.")
+            return redirect("registry:domain_detail", pk=domain.pk)
+    return _form_response(request, "registry/domain_form.html", context)
+
+
+@login_required
+@require_GET
+def domain_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    domain, membership = _domain_for(request, pk)
+    split = request.GET.get("split", "")
+    if split not in TaskSplit.values:
+        split = ""
+    tasks = _page(request, selectors.domain_tasks(domain=domain, split=split), TASK_PAGE_SIZE)
+    context = {
+        "domain": domain,
+        "tasks": tasks,
+        "split": split,
+        "splits": TaskSplit.choices,
+        "can_edit": _can_edit(membership),
+        "upload_form": forms.TaskUploadForm(
+            initial={"held_out_fraction": domain.held_out_fraction, "split_seed": domain.split_seed}
+        ),
+    }
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "registry/domain_detail.html#tasks", context)
+    return render(request, "registry/domain_detail.html", context)
+
+
+@csrf_exempt
+@login_required
+def domain_upload(request: HttpRequest, pk: int) -> HttpResponse:
+    """Upload a task set. The size guard must be installed before anything reads the body, so
+    this view turns off the CSRF middleware's early read and checks CSRF itself (the pattern in
+    Django's upload-handler docs)."""
+    domain, _ = _domain_for(request, pk, Role.RESEARCHER)
+    limit = settings.TASKSET_MAX_UPLOAD_BYTES
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    if request.method == "POST" and declared.isdigit() and int(declared) > limit + 64 * 1024:
+        return _upload_refused(request, domain, limit)
+    guard = SizeLimitHandler(request, limit)
+    request.upload_handlers.insert(0, guard)
+    return _domain_upload(request, domain, guard)
+
+
+def _upload_refused(request: HttpRequest, domain: Domain, limit: int) -> HttpResponse:
+    context = {
+        "domain": domain,
+        "form": forms.TaskUploadForm(),
+        "file_error": f"The file is larger than the limit of {limit:,} bytes "
+        "(TASKSET_MAX_UPLOAD_BYTES); nothing was stored.",
+    }
+    return render(request, "registry/domain_upload.html", context, status=413)
+
+
+@csrf_protect
+@require_http_methods(["GET", "POST"])
+def _domain_upload(request: HttpRequest, domain: Domain, guard: SizeLimitHandler) -> HttpResponse:
+    if request.method == "GET":
+        form = forms.TaskUploadForm(
+            initial={"held_out_fraction": domain.held_out_fraction, "split_seed": domain.split_seed}
+        )
+        return render(request, "registry/domain_upload.html", {"domain": domain, "form": form})
+    form = forms.TaskUploadForm(request.POST, request.FILES)
+    if guard.exceeded:
+        return _upload_refused(request, domain, guard.max_bytes)
+    if not form.is_valid():
+        return render(
+            request, "registry/domain_upload.html", {"domain": domain, "form": form}, status=422
+        )
+    uploaded = form.cleaned_data["file"]
+    uploaded.seek(0)
+    result = services.domain_upload_tasks(
+        actor=request.user,
+        domain=domain,
+        stream=uploaded.file,
+        filename=uploaded.name or "tasks.jsonl",
+        held_out_fraction=form.cleaned_data["held_out_fraction"],
+        split_seed=form.cleaned_data["split_seed"],
+        keep_valid_rows=form.cleaned_data["keep_valid_rows"],
+    )
+    if result.stored:
+        kept = f"; {result.invalid:,} invalid rows skipped" if result.invalid else ""
+        messages.success(
+            request,
+            f"Stored {result.valid:,} tasks ({result.held_out:,} held out){kept}.",
+        )
+        return redirect("registry:domain_detail", pk=domain.pk)
+    context = {"domain": domain, "form": form, "result": result, "file_error": result.file_error}
+    return render(request, "registry/domain_upload.html", context, status=422)
+
+
+# --- rubrics ------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def rubric_list(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request)
+    query = request.GET.get("q", "")
+    page = _page(request, selectors.rubric_list(team=membership.team, query=query))
+    context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "registry/rubric_list.html#results", context)
+    return render(request, "registry/rubric_list.html", context)
+
+
+EXAMPLE_RUBRIC = """\
+version: 1
+description: Exact final answer, with a small bonus for the answer format.
+criteria:
+  - name: correct
+    kind: math_equivalence
+    weight: 1.0
+  - name: format
+    kind: regex_match
+    weight: 0.1
+    params:
+      pattern: "\\\\boxed\\\\{.+\\\\}"
+aggregate: weighted_sum
+"""
+
+
+def _kinds_context() -> dict[str, Any]:
+    kinds = [
+        {
+            "name": info.name,
+            "summary": info.summary,
+            "docs": info.docs,
+            "uses_sandbox": info.uses_sandbox,
+            "params_json": json.dumps(info.params_schema, indent=2, ensure_ascii=False),
+        }
+        for info in specs.criterion_kinds().values()
+    ]
+    return {"criterion_kinds": kinds}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rubric_create(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request, Role.RESEARCHER)
+    form = forms.RubricCreateForm(
+        request.POST or None, initial={"source": EXAMPLE_RUBRIC, "source_format": "yaml"}
+    )
+    context = {"form": form, "rubric": None, **_kinds_context()}
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            rubric = services.rubric_create(
+                actor=request.user,
+                team=membership.team,
+                slug=form.cleaned_data["slug"],
+                title=form.cleaned_data["title"],
+                description=form.cleaned_data["description"],
+                source=form.cleaned_data["source"],
+                source_format=form.cleaned_data["source_format"],
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, f"Rubric {rubric.slug} created as draft version 1.")
+            return redirect("registry:rubric_detail", pk=rubric.pk)
+    return _form_response(request, "registry/rubric_form.html", context)
+
+
+@login_required
+@require_GET
+def rubric_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    rubric, membership = _rubric_for(request, pk)
+    context = {
+        "rubric": rubric,
+        "versions": rubric.versions.all(),
+        "domains": rubric.domains.order_by("slug"),
+        "can_edit": _can_edit(membership),
+    }
+    return render(request, "registry/rubric_detail.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rubric_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    rubric, _ = _rubric_for(request, pk, Role.RESEARCHER)
+    initial = {"slug": rubric.slug, "title": rubric.title, "description": rubric.description}
+    form = forms.RubricMetaForm(request.POST or None, initial=initial)
+    context = {"form": form, "rubric": rubric, "meta_only": True}
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            services.rubric_update(actor=request.user, rubric=rubric, **form.cleaned_data)
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, "Rubric saved.")
+            return redirect("registry:rubric_detail", pk=rubric.pk)
+    return _form_response(request, "registry/rubric_form.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rubric_draft(request: HttpRequest, pk: int) -> HttpResponse:
+    """The editor: edits the draft, or starts a new draft from the latest version."""
+    rubric, _ = _rubric_for(request, pk, Role.RESEARCHER)
+    base = selectors.rubric_draft(rubric=rubric) or selectors.rubric_latest(rubric=rubric)
+    initial = {"source": base.source, "source_format": base.source_format} if base else {}
+    form = forms.RubricSourceForm(request.POST or None, initial=initial)
+    context = {
+        "form": form,
+        "rubric": rubric,
+        "base": base,
+        "draft": base if base is not None and base.is_draft else None,
+        **_kinds_context(),
+    }
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            version = services.rubric_save_draft(
+                actor=request.user,
+                rubric=rubric,
+                source=form.cleaned_data["source"],
+                source_format=form.cleaned_data["source_format"],
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, f"Draft version {version.number} saved.")
+            return redirect("registry:rubric_version", pk=rubric.pk, number=version.number)
+    if _validating(request):
+        return render(request, "registry/rubric_draft.html#issues", context)
+    return render(
+        request,
+        "registry/rubric_draft.html",
+        context,
+        status=422 if request.method == "POST" else 200,
+    )
+
+
+@login_required
+@require_GET
+def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
+    version, membership = _rubric_version_for(request, pk, number)
+    context = {"rubric": version.rubric, "version": version, "can_edit": _can_edit(membership)}
+    return render(request, "registry/rubric_version.html", context)
+
+
+@login_required
+@require_POST
+def rubric_version_publish(request: HttpRequest, pk: int, number: int) -> HttpResponse:
+    version, _ = _rubric_version_for(request, pk, number, Role.RESEARCHER)
+    try:
+        services.rubric_version_publish(actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        messages.error(request, f"Not published: {conflict}.")
+        return redirect("registry:rubric_version", pk=pk, number=number)
+    except ValidationError as error:
+        messages.error(request, "Not published: " + "; ".join(error.messages))
+        return redirect("registry:rubric_version", pk=pk, number=number)
+    messages.success(request, f"Version {number} published; it can no longer change.")
+    return redirect("registry:rubric_version", pk=pk, number=number)
+
+
+# --- sandbox images -----------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def sandbox_image_list(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request)
+    query = request.GET.get("q", "")
+    page = _page(request, selectors.sandbox_image_list(team=membership.team, query=query))
+    context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "registry/sandbox_image_list.html#results", context)
+    return render(request, "registry/sandbox_image_list.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def sandbox_image_create(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request, Role.RESEARCHER)
+    form = forms.SandboxImageCreateForm(request.POST or None, initial=services.SANDBOX_DEFAULTS)
+    context = {"form": form, "image": None}
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            image = services.sandbox_image_create(
+                actor=request.user,
+                team=membership.team,
+                slug=form.cleaned_data["slug"],
+                title=form.cleaned_data["title"],
+                description=form.cleaned_data["description"],
+                **form.version_values(),
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, f"Sandbox image {image.slug} created as draft version 1.")
+            return redirect("registry:sandbox_image_detail", pk=image.pk)
+    return _form_response(request, "registry/sandbox_image_form.html", context)
+
+
+@login_required
+@require_GET
+def sandbox_image_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    image, membership = _image_for(request, pk)
+    context = {
+        "image": image,
+        "versions": image.versions.all(),
+        "domains": image.domains.order_by("slug"),
+        "can_edit": _can_edit(membership),
+    }
+    return render(request, "registry/sandbox_image_detail.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def sandbox_image_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    image, _ = _image_for(request, pk, Role.RESEARCHER)
+    initial = {"slug": image.slug, "title": image.title, "description": image.description}
+    form = forms.SandboxImageMetaForm(request.POST or None, initial=initial)
+    context = {"form": form, "image": image, "meta_only": True}
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            services.sandbox_image_update(actor=request.user, image=image, **form.cleaned_data)
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, "Sandbox image saved.")
+            return redirect("registry:sandbox_image_detail", pk=image.pk)
+    return _form_response(request, "registry/sandbox_image_form.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def sandbox_image_draft(request: HttpRequest, pk: int) -> HttpResponse:
+    image, _ = _image_for(request, pk, Role.RESEARCHER)
+    base = selectors.sandbox_image_draft(image=image) or selectors.sandbox_image_latest(image=image)
+    initial = (
+        {name: getattr(base, name) for name in services.SANDBOX_VERSION_FIELDS}
+        if base
+        else services.SANDBOX_DEFAULTS
+    )
+    form = forms.SandboxVersionForm(request.POST or None, initial=initial)
+    context = {
+        "form": form,
+        "image": image,
+        "base": base,
+        "draft": base if base is not None and base.is_draft else None,
+    }
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            version = services.sandbox_image_save_draft(
+                actor=request.user, image=image, **form.version_values()
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, f"Draft version {version.number} saved.")
+            return redirect("registry:sandbox_image_version", pk=image.pk, number=version.number)
+    return _form_response(request, "registry/sandbox_image_draft.html", context)
+
+
+@login_required
+@require_GET
+def sandbox_image_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
+    version, membership = _image_version_for(request, pk, number)
+    context = {"image": version.image, "version": version, "can_edit": _can_edit(membership)}
+    return render(request, "registry/sandbox_image_version.html", context)
+
+
+@login_required
+@require_POST
+def sandbox_image_version_publish(request: HttpRequest, pk: int, number: int) -> HttpResponse:
+    version, _ = _image_version_for(request, pk, number, Role.RESEARCHER)
+    try:
+        services.sandbox_image_version_publish(actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        messages.error(request, f"Not published: {conflict}.")
+    else:
+        messages.success(request, f"Version {number} published; it can no longer change.")
+    return redirect("registry:sandbox_image_version", pk=pk, number=number)
