@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.db import models
 
@@ -36,3 +38,11 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target_label}"
+
+    @property
+    def before_text(self) -> str:
+        return json.dumps(self.before, indent=1, sort_keys=True, ensure_ascii=False)
+
+    @property
+    def after_text(self) -> str:
+        return json.dumps(self.after, indent=1, sort_keys=True, ensure_ascii=False)

@@ -1,4 +1,6 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from console.audit import views
 
 app_name = "audit"
-urlpatterns: list = []
+urlpatterns = [path("", views.entry_list, name="list")]
