@@ -1,0 +1,66 @@
+"""Isolated execution for model-written code and tool calls: no Django, usable on its own.
+
+    from sandboxes import SandboxSpec, Sandbox, SandboxPool
+
+    with Sandbox(SandboxSpec(memory_mb=256, timeout_s=5)) as sb:
+        sb.write_files({"main.py": "print(input())"})
+        result = sb.run(["python3", "main.py"], stdin="hi\\n")
+        result.stdout, result.exit_code, result.peak_memory_mb
+
+What a ``bwrap`` sandbox sees (the default driver):
+
+- ``/usr`` of the host, read-only, with ``/bin``, ``/lib``, ``/lib64``, ``/sbin`` as on the
+  host; so ``python3`` is the host's *system* Python (``/usr/bin/python3``, 3.11 here), with
+  only the packages installed under ``/usr``. Venvs come from images (``sandboxes.images``),
+  mounted read-only at ``/image`` with their own ``PATH``.
+- ``/etc`` holds only what programs need to start (loader cache, TLS roots, time zone, the
+  Python config) and its own ``passwd``/``group``/``hosts``; no host accounts or secrets.
+- ``/work`` (the home and default working directory) and ``/tmp``: private, writable,
+  persisting across the runs of one sandbox, together at most ``disk_mb`` on one tmpfs.
+- ``/proc`` of its own pid namespace, a minimal ``/dev``; no ``/sys``, no ``/home``, no ``/root``.
+- The environment is only ``PATH``, ``HOME=/work``, ``TMPDIR=/tmp``, ``LANG=C.UTF-8``,
+  ``USER`` and the spec's (and image's) ``env`` — nothing from the host's.
+- Its own network namespace: no route anywhere; ``network="loopback"`` keeps a private ``lo``
+  up, ``"none"`` also forbids creating IP sockets.
+- It runs as an unprivileged uid (``nobody`` when the host side is root) in its own user, pid,
+  ipc, uts, mount and cgroup namespaces, with no capabilities, no new privileges (bwrap sets
+  ``PR_SET_NO_NEW_PRIVS``) and no further user namespaces.
+
+Limits: memory, pids and CPU quota through a cgroup per sandbox (v1 or v2); disk through the
+tmpfs size and inode count; RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_CORE=0 as a second fence.
+A sandbox whose machine lacks one of these refuses to start unless the spec's
+``allow_weaker`` names it (``WeakerIsolationError`` says which).
+"""
+
+from sandboxes.errors import (
+    EngineUnavailableError,
+    ImageBuildError,
+    SandboxError,
+    SandboxPathError,
+    SandboxSpecError,
+    WeakerIsolationError,
+)
+from sandboxes.images import ImageSpec, build_image, register_image
+from sandboxes.pool import SandboxPool
+from sandboxes.result import ExecResult
+from sandboxes.sandbox import Sandbox
+from sandboxes.snapshot import Snapshot
+from sandboxes.spec import DEFENCES, SandboxSpec
+
+__all__ = [
+    "DEFENCES",
+    "EngineUnavailableError",
+    "ExecResult",
+    "ImageBuildError",
+    "ImageSpec",
+    "Sandbox",
+    "SandboxError",
+    "SandboxPathError",
+    "SandboxPool",
+    "SandboxSpec",
+    "SandboxSpecError",
+    "Snapshot",
+    "WeakerIsolationError",
+    "build_image",
+    "register_image",
+]

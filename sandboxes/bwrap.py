@@ -1,0 +1,468 @@
+"""The bubblewrap driver: namespaces from bwrap, limits from a cgroup, storage from a tmpfs.
+
+Each ``run`` is one bwrap invocation in the sandbox's long-lived cgroup and workspace, so
+files in /work and /tmp persist across the runs of an episode while no process outlives its
+run: when the command exits, bwrap's pid-1 init dies and the kernel kills the rest of the pid
+namespace; the cgroup is then checked empty (and killed through the freezer/cgroup.kill if
+not). On timeout the whole cgroup is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+from sandboxes import seccomp
+from sandboxes.cgroups import CgroupGroup, manager
+from sandboxes.errors import SandboxError, WeakerIsolationError
+from sandboxes.result import ExecResult, OutputCallback, StreamCapture
+from sandboxes.spec import TMP_DIR, WORK_DIR, SandboxSpec
+from sandboxes.workspace import Workspace, sandboxes_root
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+IMAGE_DIR = "/image"
+#: /etc entries a program may need (dynamic loader, TLS roots, time zone, Python's config).
+ETC_ENTRIES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "localtime",
+    "nsswitch.conf",
+    "mime.types",
+    "python3",
+    "python3.11",
+)
+BASE_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_CHUNK = 65536
+
+
+def sandbox_ids() -> tuple[int | None, int | None]:
+    """The uid/gid sandboxes run as: ``SANDBOXES_UID`` (default nobody) when we are root."""
+    if os.geteuid() != 0:
+        return None, None
+    uid = int(os.environ.get("SANDBOXES_UID", "65534"))
+    gid = int(os.environ.get("SANDBOXES_GID", str(uid)))
+    return uid, gid
+
+
+@lru_cache(maxsize=1)
+def bwrap_path() -> str:
+    path = shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else "")
+    if not path:
+        raise SandboxError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    return path
+
+
+@lru_cache(maxsize=1)
+def bwrap_features() -> frozenset[str]:
+    helptext = subprocess.run(
+        [bwrap_path(), "--help"], capture_output=True, text=True, check=False
+    ).stdout
+    return frozenset(
+        flag for flag in ("--disable-userns", "--size", "--json-status-fd") if flag in helptext
+    )
+
+
+def _etc_files(root: Path, uid: int, gid: int) -> Path:
+    """Writes the sandbox's own passwd/group/hosts once (no host accounts leak in)."""
+    etc = root / f"etc-{uid}-{gid}"
+    if (etc / "hosts").exists():
+        return etc
+    staging = root / f".etc-{os.getpid()}-{threading.get_ident()}"
+    staging.mkdir(mode=0o755, exist_ok=True)
+    (staging / "passwd").write_text(
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{gid}:sandbox:{WORK_DIR}:/bin/sh\n"
+    )
+    (staging / "group").write_text(f"root:x:0:\nsandbox:x:{gid}:\n")
+    (staging / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+    for child in staging.iterdir():
+        os.chmod(child, 0o644)
+    try:
+        os.rename(staging, etc)
+    except OSError:  # another process won the race: theirs is identical
+        shutil.rmtree(staging, ignore_errors=True)
+    return etc
+
+
+def base_system_args(root: Path, uid: int, gid: int) -> list[str]:
+    """Read-only /usr, the usual top-level links into it, and a minimal /etc."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in BASE_DIRS:
+        host = Path("/") / name
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), f"/{name}"]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), f"/{name}"]
+    args += ["--dir", "/etc"]
+    for name in ETC_ENTRIES:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    etc = _etc_files(root, uid, gid)
+    for name in ("passwd", "group", "hosts"):
+        args += ["--ro-bind", str(etc / name), f"/etc/{name}"]
+    return args
+
+
+def _make_preexec(
+    procs_paths: list[bytes], rlimits: list[tuple[int, int]], uid: int | None, gid: int | None
+) -> Callable[[], None]:
+    def preexec() -> None:
+        # Runs in the forked child before exec: join the cgroup first, so bwrap and everything
+        # it starts are counted and killable from their first instruction.
+        for path in procs_paths:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        for limit, value in rlimits:
+            resource.setrlimit(limit, (value, value))
+        if uid is not None and gid is not None:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+
+    return preexec
+
+
+class BwrapDriver:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        name: str,
+        *,
+        image_path: Path | None = None,
+        image_env: Mapping[str, str] | None = None,
+        image_digest: str | None = None,
+        writable_image: bool = False,
+    ):
+        self.spec = spec
+        self.name = name
+        self.image_path = image_path
+        self.image_env = dict(image_env or {})
+        self.image_digest = image_digest
+        self.writable_image = writable_image
+        self.uid, self.gid = sandbox_ids()
+        self.root = sandboxes_root()
+        self.workspace = Workspace(self.root, name, spec.disk_mb, self.uid, self.gid)
+        self.cgroup: CgroupGroup | None = None
+        self.weakened: dict[str, str] = {}
+        self._args: list[str] = []
+        self._seccomp: bytes | None = None
+        self._lock = threading.Lock()
+        self._running: subprocess.Popen[bytes] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        bwrap_path()
+        cgroups = manager()
+        missing = dict(cgroups.missing)
+        seccomp_missing = seccomp.supported()
+        if seccomp_missing is not None:
+            missing["seccomp"] = seccomp_missing
+        refused = {d: why for d, why in missing.items() if not self.spec.allows_weaker(d)}
+        if refused:
+            raise WeakerIsolationError(refused)
+        try:
+            self.cgroup = cgroups.create(self.name)
+            if self.cgroup is not None:
+                self.cgroup.set_limits(
+                    memory_mb=self.spec.memory_mb, pids=self.spec.pids, cpu=self.spec.cpu
+                )
+            disk_missing = self.workspace.create()
+            if disk_missing is not None:
+                if not self.spec.allows_weaker("disk_limit"):
+                    raise WeakerIsolationError({"disk_limit": disk_missing})
+                missing["disk_limit"] = disk_missing
+            self.weakened = missing
+            if seccomp_missing is None:
+                self._seccomp = seccomp.build_filter(block_ip_sockets=self.spec.network == "none")
+            self._args = self._build_args()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        errors = []
+        if self.cgroup is not None:
+            try:
+                self.cgroup.remove()
+                self.cgroup = None
+            except SandboxError as exc:
+                errors.append(str(exc))
+        try:
+            self.workspace.remove()
+        except (SandboxError, OSError) as exc:
+            errors.append(str(exc))
+        if errors:
+            raise SandboxError("; ".join(errors))
+
+    def kill(self) -> None:
+        """Kills every process of the sandbox now (safe from any thread)."""
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+        running = self._running
+        if running is not None and running.poll() is None:
+            running.kill()
+
+    # -- files --------------------------------------------------------------------------------
+    def write_file(self, path: str, content: str | bytes) -> None:
+        self.workspace.write_file(path, content)
+
+    def read_file(self, path: str) -> bytes:
+        return self.workspace.read_file(path, limit=self.spec.disk_mb * 1024 * 1024)
+
+    def archive(self) -> bytes:
+        return self.workspace.archive()
+
+    def extract(self, archive: bytes) -> None:
+        self.workspace.extract(archive)
+
+    # -- running ------------------------------------------------------------------------------
+    def _build_args(self) -> list[str]:
+        uid = self.uid if self.uid is not None else os.getuid()
+        gid = self.gid if self.gid is not None else os.getgid()
+        features = bwrap_features()
+        args = [
+            bwrap_path(),
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-net",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+            "--new-session",
+        ]
+        if "--disable-userns" in features:
+            args.append("--disable-userns")
+        args += base_system_args(self.root, uid, gid)
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--bind", str(self.workspace.work), WORK_DIR]
+        args += ["--bind", str(self.workspace.tmp), TMP_DIR]
+        if self.image_path is not None:
+            mode = "--bind" if self.writable_image else "--ro-bind"
+            args += [mode, str(self.image_path), IMAGE_DIR]
+        return args
+
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": WORK_DIR,
+            "TMPDIR": TMP_DIR,
+            "LANG": "C.UTF-8",
+            "USER": "sandbox",
+        }
+        env.update(self.image_env)
+        env.update(self.spec.env)
+        if extra:
+            env.update(extra)
+        return env
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | bytes | None,
+        timeout: float,
+        cwd: str,
+        env: Mapping[str, str] | None,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> ExecResult:
+        if not self._args:
+            raise SandboxError("the sandbox is not started (use it as a context manager)")
+        with self._lock:  # one command at a time: they share the cgroup's counters
+            return self._run_locked(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
+
+    def _run_locked(
+        self,
+        argv: Sequence[str],
+        stdin: str | bytes | None,
+        timeout: float,
+        cwd: str,
+        env: Mapping[str, str] | None,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> ExecResult:
+        status_read, status_write = os.pipe()
+        passed = [status_write]
+        args = [*self._args, "--chdir", cwd, "--json-status-fd", str(status_write)]
+        if self._seccomp is not None:
+            filter_fd = seccomp.filter_fd(self._seccomp)
+            passed.append(filter_fd)
+            args += ["--seccomp", str(filter_fd)]
+        args += ["--", *argv]
+        rlimits = [
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NOFILE, self.spec.open_files),
+            (resource.RLIMIT_FSIZE, self.spec.disk_mb * 1024 * 1024),
+        ]
+        procs_paths = self.cgroup.procs_paths if self.cgroup is not None else []
+        mark = self.cgroup.begin_run() if self.cgroup is not None else None
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        limit = self.spec.output_limit_bytes
+        out, err = StreamCapture(limit, on_stdout), StreamCapture(limit, on_stderr)
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE if data else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.environment(env),
+                pass_fds=tuple(passed),
+                preexec_fn=_make_preexec(procs_paths, rlimits, self.uid, self.gid),  # noqa: PLW1509
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            os.close(status_read)
+            for fd in passed:
+                os.close(fd)
+            raise SandboxError(f"cannot start bwrap: {exc}") from exc
+        for fd in passed:
+            os.close(fd)
+        self._running = proc
+        timed_out = False
+        try:
+            timed_out = pump_streams(proc, data, out, err, started + timeout, self.kill)
+            proc.wait()
+        finally:
+            self._running = None
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
+            status = _read_status(status_read)
+        wall = time.monotonic() - started
+        out.finish()
+        err.finish()
+        if "child-pid" not in status and not timed_out:
+            raise SandboxError(
+                f"bwrap could not set up the sandbox (exit {proc.returncode}): "
+                f"{err.text.strip()[-2000:]}"
+            )
+        cpu_s = peak = None
+        oom = False
+        if self.cgroup is not None and mark is not None:
+            cpu_s, peak, oom = self.cgroup.end_run(mark)
+        code = proc.returncode
+        sig: int | None = None
+        if code < 0:  # bwrap itself was killed (timeout): report it as a shell would
+            sig, code = -code, 128 - code
+        elif 128 < code <= 128 + 64:
+            sig = code - 128
+        if "exit-code" not in status and sig is None and timed_out:
+            sig, code = signal.SIGKILL, 128 + signal.SIGKILL
+        return ExecResult(
+            stdout=out.text,
+            stderr=err.text,
+            exit_code=code,
+            signal=sig,
+            wall_s=wall,
+            cpu_s=cpu_s,
+            peak_memory_mb=peak,
+            timed_out=timed_out,
+            oom_killed=oom,
+            truncated=out.truncated or err.truncated,
+            image_digest=self.image_digest,
+            stdout_bytes=out.total_bytes,
+            stderr_bytes=err.total_bytes,
+        )
+
+
+def pump_streams(
+    proc: subprocess.Popen[bytes],
+    data: bytes | None,
+    out: StreamCapture,
+    err: StreamCapture,
+    deadline: float,
+    kill: Callable[[], None],
+) -> bool:
+    """Feeds stdin and drains both outputs until EOF; kills everything at the deadline."""
+    assert proc.stdout is not None and proc.stderr is not None
+    timed_out = False
+    captures = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    pending = memoryview(data) if data else None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        if pending is not None and proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            selector.register(proc.stdin, selectors.EVENT_WRITE)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if not timed_out:
+                    timed_out = True
+                    kill()
+                # Everything is dead now; give the pipes a moment to report EOF.
+                deadline = time.monotonic() + 2.0
+                remaining = 2.0
+            for key, _ in selector.select(remaining):
+                fileobj = key.fileobj
+                if fileobj is proc.stdin:
+                    assert pending is not None and proc.stdin is not None
+                    try:
+                        written = os.write(proc.stdin.fileno(), pending[:_CHUNK])
+                        pending = pending[written:]
+                    except (BrokenPipeError, BlockingIOError) as exc:
+                        if isinstance(exc, BlockingIOError):
+                            continue
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                fd = key.fd
+                chunk = os.read(fd, _CHUNK)
+                if chunk:
+                    captures[fd].feed(chunk)
+                else:
+                    selector.unregister(fileobj)
+            if timed_out and time.monotonic() >= deadline:
+                break
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+    return timed_out
+
+
+def _read_status(fd: int) -> dict[str, int]:
+    """bwrap's --json-status-fd lines: {"child-pid": N} once running, {"exit-code": N} at end."""
+    try:
+        os.set_blocking(fd, False)
+        raw = b""
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            raw += chunk
+    finally:
+        os.close(fd)
+    status: dict[str, int] = {}
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            status.update({k: v for k, v in item.items() if isinstance(v, int)})
+    return status

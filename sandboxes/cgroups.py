@@ -1,0 +1,456 @@
+"""One cgroup per sandbox, on cgroup v1 (a hierarchy per controller) or v2 (unified).
+
+The cgroup is what makes the limits hold and what lets teardown find every process the
+sandbox ever started, however it forked: memory (limit, peak, OOM count), pids (process
+count), cpu (CFS quota), cpuacct/cpu.stat (CPU seconds) and the freezer or ``cgroup.kill`` (a
+race-free kill of the whole group, fork bombs included).
+
+The sandbox's processes join the cgroup *before* bwrap executes (the child writes ``0``,
+meaning itself, into each ``cgroup.procs``), so nothing runs outside it even for an instant.
+Groups live under a ``sandboxes`` parent: ``<controller mount>/sandboxes/<name>`` (v1) or
+``<cgroup2 mount>/sandboxes/<name>`` (v2, root) or, for a non-root user with a delegated
+cgroup, ``<own cgroup>/sandboxes/<name>`` (the caller moves itself into ``<own>/supervisor``
+first, because v2 forbids processes in a cgroup that distributes controllers).
+``SANDBOXES_CGROUP_PARENT`` overrides the parent's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxes.errors import SandboxError
+
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
+V2_CONTROLLERS = ("memory", "pids", "cpu")
+_PERIOD_US = 100_000
+
+
+def _parent_name() -> str:
+    return os.environ.get("SANDBOXES_CGROUP_PARENT", "sandboxes").strip("/") or "sandboxes"
+
+
+def _read(path: Path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _unescape_mount_path(path: str) -> str:
+    # /proc/self/mounts escapes space, tab, newline and backslash as octal.
+    return (path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")).replace(
+        "\\134", "\\"
+    )
+
+
+def cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
+    """Returns ({v1 controller: mount point}, cgroup2 mount point or None)."""
+    v1: dict[str, Path] = {}
+    v2: Path | None = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 4:
+                continue
+            mount_point, fstype, options = _unescape_mount_path(parts[1]), parts[2], parts[3]
+            if fstype == "cgroup":
+                for option in options.split(","):
+                    if option in V1_CONTROLLERS and option not in v1:
+                        v1[option] = Path(mount_point)
+            elif fstype == "cgroup2" and v2 is None:
+                v2 = Path(mount_point)
+    return v1, v2
+
+
+@dataclass
+class RunMark:
+    """Counters read when a run starts, so its end can report only that run's usage."""
+
+    cpu_ns: int | None
+    oom_kills: int | None
+    peak_fd: int | None = None
+
+
+class CgroupGroup:
+    """A sandbox's cgroup (one directory per v1 hierarchy, or one v2 directory)."""
+
+    version: int
+    dirs: dict[str, Path]
+    can_kill_atomically: bool
+
+    @property
+    def procs_paths(self) -> list[bytes]:
+        """The ``cgroup.procs`` files a new process writes itself into (deduplicated)."""
+        seen: list[bytes] = []
+        for path in self.dirs.values():
+            encoded = os.fsencode(path / "cgroup.procs")
+            if encoded not in seen:
+                seen.append(encoded)
+        return seen
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for path in {p / "cgroup.procs" for p in self.dirs.values()}:
+            try:
+                found.update(int(x) for x in _read(path).split())
+            except FileNotFoundError:
+                continue
+        return found
+
+    def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
+        raise NotImplementedError
+
+    def begin_run(self) -> RunMark:
+        raise NotImplementedError
+
+    def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
+        """Returns (CPU seconds, peak memory MB, OOM-killed) for the run since ``mark``."""
+        raise NotImplementedError
+
+    def _kill_atomically(self) -> None:
+        raise NotImplementedError
+
+    def kill_all(self, timeout: float = 10.0) -> None:
+        """SIGKILLs every process in the group and waits until the group is empty."""
+        if not self.pids():
+            return
+        deadline = time.monotonic() + timeout
+        if self.can_kill_atomically:
+            self._kill_atomically()
+        delay = 0.0005
+        while True:
+            remaining = self.pids()
+            if not remaining:
+                return
+            for pid in remaining:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise SandboxError(f"processes {sorted(remaining)} survived SIGKILL")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def remove(self, timeout: float = 10.0) -> None:
+        """Kills what is left, then removes the group's directories."""
+        self.kill_all(timeout)
+        deadline = time.monotonic() + timeout
+        for path in self.dirs.values():
+            delay = 0.0005
+            while True:
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise SandboxError(f"cannot remove cgroup {path}: {exc}") from exc
+                    self.kill_all(timeout)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.02)
+
+
+class CgroupV1Group(CgroupGroup):
+    version = 1
+
+    def __init__(self, dirs: dict[str, Path]):
+        self.dirs = dirs
+        self.can_kill_atomically = "freezer" in dirs
+
+    def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
+        if memory_mb is not None and "memory" in self.dirs:
+            limit = str(memory_mb * 1024 * 1024)
+            _write(self.dirs["memory"] / "memory.limit_in_bytes", limit)
+            swap_limit = self.dirs["memory"] / "memory.memsw.limit_in_bytes"
+            if swap_limit.exists():  # memory+swap equal to memory: no swapping out of the limit
+                _write(swap_limit, limit)
+        if pids is not None and "pids" in self.dirs:
+            _write(self.dirs["pids"] / "pids.max", str(pids))
+        if cpu is not None and "cpu" in self.dirs:
+            _write(self.dirs["cpu"] / "cpu.cfs_period_us", str(_PERIOD_US))
+            _write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(max(1000, int(cpu * _PERIOD_US))))
+
+    def _oom_kills(self) -> int | None:
+        if "memory" not in self.dirs:
+            return None
+        for line in _read(self.dirs["memory"] / "memory.oom_control").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return None
+
+    def _cpu_ns(self) -> int | None:
+        if "cpuacct" not in self.dirs:
+            return None
+        return int(_read(self.dirs["cpuacct"] / "cpuacct.usage"))
+
+    def begin_run(self) -> RunMark:
+        if "memory" in self.dirs:
+            _write(self.dirs["memory"] / "memory.max_usage_in_bytes", "0")
+        return RunMark(cpu_ns=self._cpu_ns(), oom_kills=self._oom_kills())
+
+    def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
+        cpu_ns = self._cpu_ns()
+        cpu_s = None if cpu_ns is None or mark.cpu_ns is None else (cpu_ns - mark.cpu_ns) / 1e9
+        peak = None
+        if "memory" in self.dirs:
+            peak = int(_read(self.dirs["memory"] / "memory.max_usage_in_bytes")) / 2**20
+        oom = self._oom_kills()
+        oom_killed = oom is not None and mark.oom_kills is not None and oom > mark.oom_kills
+        return cpu_s, peak, oom_killed
+
+    def _kill_atomically(self) -> None:
+        state = self.dirs["freezer"] / "freezer.state"
+        _write(state, "FROZEN")
+        deadline = time.monotonic() + 2.0
+        # Frozen processes cannot fork; killing them all then thawing leaves nothing running.
+        while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _write(state, "THAWED")
+
+
+class CgroupV2Group(CgroupGroup):
+    version = 2
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.dirs = {"unified": path}
+        self.can_kill_atomically = (path / "cgroup.kill").exists() or (
+            path / "cgroup.freeze"
+        ).exists()
+
+    def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
+        if memory_mb is not None:
+            _write(self.path / "memory.max", str(memory_mb * 1024 * 1024))
+            if (self.path / "memory.swap.max").exists():
+                _write(self.path / "memory.swap.max", "0")
+        if pids is not None:
+            _write(self.path / "pids.max", str(pids))
+        if cpu is not None:
+            _write(self.path / "cpu.max", f"{max(1000, int(cpu * _PERIOD_US))} {_PERIOD_US}")
+
+    def _stat(self, filename: str, key: str) -> int | None:
+        try:
+            text = _read(self.path / filename)
+        except FileNotFoundError:
+            return None
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+        return None
+
+    def begin_run(self) -> RunMark:
+        peak_fd = None
+        try:
+            peak_fd = os.open(self.path / "memory.peak", os.O_RDWR)
+            # Linux >= 6.12 resets the peak seen through this descriptor; older kernels refuse
+            # and the reading falls back to the group's lifetime peak.
+            os.write(peak_fd, b"reset\n")
+        except OSError:
+            pass
+        return RunMark(
+            cpu_ns=None if (u := self._stat("cpu.stat", "usage_usec")) is None else u * 1000,
+            oom_kills=self._stat("memory.events", "oom_kill"),
+            peak_fd=peak_fd,
+        )
+
+    def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
+        usage = self._stat("cpu.stat", "usage_usec")
+        cpu_s = None if usage is None or mark.cpu_ns is None else (usage * 1000 - mark.cpu_ns) / 1e9
+        peak = None
+        if mark.peak_fd is not None:
+            try:
+                peak = int(os.pread(mark.peak_fd, 64, 0).split()[0]) / 2**20
+            finally:
+                os.close(mark.peak_fd)
+        oom = self._stat("memory.events", "oom_kill")
+        oom_killed = oom is not None and mark.oom_kills is not None and oom > mark.oom_kills
+        return cpu_s, peak, oom_killed
+
+    def _kill_atomically(self) -> None:
+        if (self.path / "cgroup.kill").exists():
+            _write(self.path / "cgroup.kill", "1")
+            return
+        _write(self.path / "cgroup.freeze", "1")
+        deadline = time.monotonic() + 2.0
+        while "frozen 1" not in _read(self.path / "cgroup.events") and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.0005)
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _write(self.path / "cgroup.freeze", "0")
+
+
+class CgroupManager:
+    """Finds the cgroup hierarchy once and creates per-sandbox groups under ``sandboxes``.
+
+    ``missing`` maps each defence this machine cannot give (see ``sandboxes.spec.DEFENCES``)
+    to the reason, so a sandbox can refuse to start or run weaker when its spec allows it.
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.missing: dict[str, str] = {}
+        self._v1_parents: dict[str, Path] = {}
+        self._v2_parent: Path | None = None
+        try:
+            v1, v2 = cgroup_mounts()
+        except OSError as exc:
+            v1, v2 = {}, None
+            self.missing.update(dict.fromkeys(_CGROUP_DEFENCES, f"cannot read mounts: {exc}"))
+            return
+        if "memory" in v1 or "pids" in v1:
+            self._setup_v1(v1)
+        elif v2 is not None and (v2 / "cgroup.controllers").exists():
+            self._setup_v2(v2)
+        else:
+            self.missing.update(dict.fromkeys(_CGROUP_DEFENCES, "no cgroup hierarchy mounted"))
+
+    # -- v1 -----------------------------------------------------------------------------------
+    def _setup_v1(self, mounts: dict[str, Path]) -> None:
+        self.version = 1
+        for controller in V1_CONTROLLERS:
+            if controller not in mounts:
+                continue
+            parent = mounts[controller] / _parent_name()
+            try:
+                parent.mkdir(exist_ok=True)
+            except OSError as exc:
+                self._v1_missing(controller, f"cannot create {parent}: {exc.strerror}")
+                continue
+            self._v1_parents[controller] = parent
+        for controller in V1_CONTROLLERS:
+            if controller not in mounts:
+                self._v1_missing(controller, f"cgroup v1 controller {controller!r} not mounted")
+
+    def _v1_missing(self, controller: str, why: str) -> None:
+        defence = {
+            "memory": "cgroup_memory",
+            "pids": "cgroup_pids",
+            "cpu": "cgroup_cpu",
+            "freezer": "cgroup_kill",
+        }.get(controller)
+        if defence is not None:
+            self.missing.setdefault(defence, why)
+
+    # -- v2 -----------------------------------------------------------------------------------
+    def _setup_v2(self, mount: Path) -> None:
+        self.version = 2
+        available = set(_read(mount / "cgroup.controllers").split())
+        absent = [c for c in V2_CONTROLLERS if c not in available]
+        for controller in absent:
+            self.missing[f"cgroup_{controller}"] = (
+                f"cgroup v2 controller {controller!r} is not available (bound to a v1 hierarchy?)"
+            )
+        wanted = " ".join(f"+{c}" for c in V2_CONTROLLERS if c in available)
+        try:
+            parent = self._v2_parent_under_root(mount, wanted)
+        except OSError:
+            try:
+                parent = self._v2_parent_delegated(mount, wanted)
+            except OSError as exc:
+                self.missing.update(
+                    dict.fromkeys(
+                        _CGROUP_DEFENCES, f"no writable cgroup v2 subtree: {exc.strerror or exc}"
+                    )
+                )
+                return
+        self._v2_parent = parent
+        if not (parent / "cgroup.kill").exists() and not (parent / "cgroup.freeze").exists():
+            self.missing["cgroup_kill"] = "cgroup v2 without cgroup.kill or cgroup.freeze"
+
+    @staticmethod
+    def _v2_parent_under_root(mount: Path, wanted: str) -> Path:
+        if wanted:
+            _write(mount / "cgroup.subtree_control", wanted)
+        parent = mount / _parent_name()
+        parent.mkdir(exist_ok=True)
+        if wanted:
+            _write(parent / "cgroup.subtree_control", wanted)
+        return parent
+
+    @staticmethod
+    def _v2_parent_delegated(mount: Path, wanted: str) -> Path:
+        own = ""
+        for line in _read(Path("/proc/self/cgroup")).splitlines():
+            if line.startswith("0::"):
+                own = line[3:].lstrip("/")
+        base = mount / own
+        supervisor = base / "supervisor"
+        supervisor.mkdir(exist_ok=True)
+        _write(supervisor / "cgroup.procs", str(os.getpid()))
+        if wanted:
+            _write(base / "cgroup.subtree_control", wanted)
+        parent = base / _parent_name()
+        parent.mkdir(exist_ok=True)
+        if wanted:
+            _write(parent / "cgroup.subtree_control", wanted)
+        return parent
+
+    # -- groups -------------------------------------------------------------------------------
+    def create(self, name: str) -> CgroupGroup | None:
+        """Creates the group ``name``; None when this machine has no usable cgroup at all."""
+        if self.version == 1 and self._v1_parents:
+            dirs: dict[str, Path] = {}
+            try:
+                for controller, parent in self._v1_parents.items():
+                    path = parent / name
+                    path.mkdir()
+                    dirs[controller] = path
+            except OSError as exc:
+                CgroupV1Group(dirs).remove()
+                raise SandboxError(f"cannot create cgroup {name}: {exc}") from exc
+            return CgroupV1Group(dirs)
+        if self.version == 2 and self._v2_parent is not None:
+            path = self._v2_parent / name
+            try:
+                path.mkdir()
+            except OSError as exc:
+                raise SandboxError(f"cannot create cgroup {path}: {exc}") from exc
+            return CgroupV2Group(path)
+        return None
+
+    def existing_groups(self) -> dict[str, CgroupGroup]:
+        """Every group under the parent, by name (for reaping groups of dead owners)."""
+        found: dict[str, CgroupGroup] = {}
+        if self.version == 1:
+            names: set[str] = set()
+            for parent in self._v1_parents.values():
+                names.update(p.name for p in parent.iterdir() if p.is_dir())
+            for name in names:
+                found[name] = CgroupV1Group(
+                    {c: p / name for c, p in self._v1_parents.items() if (p / name).is_dir()}
+                )
+        elif self.version == 2 and self._v2_parent is not None:
+            for path in self._v2_parent.iterdir():
+                if path.is_dir():
+                    found[path.name] = CgroupV2Group(path)
+        return found
+
+
+_CGROUP_DEFENCES = ("cgroup_memory", "cgroup_pids", "cgroup_cpu", "cgroup_kill")
+
+_manager: CgroupManager | None = None
+
+
+def manager() -> CgroupManager:
+    """The process-wide manager (the hierarchy is probed once)."""
+    global _manager
+    if _manager is None:
+        _manager = CgroupManager()
+    return _manager

@@ -1,0 +1,66 @@
+"""Reaps what a crashed owner left behind: cgroups and workspaces named ``sb-<dead pid>-...``.
+
+A process that dies without closing its sandboxes (SIGKILL, power loss of the Python side)
+cannot clean up; the next process to open a sandbox does it instead, once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from sandboxes.cgroups import manager
+from sandboxes.errors import SandboxError
+from sandboxes.workspace import Workspace, sandboxes_root
+
+_done = False
+_lock = threading.Lock()
+
+
+def _owner_alive(name: str) -> bool:
+    parts = name.split("-")
+    if len(parts) < 3 or parts[0] not in ("sb", "img") or not parts[1].isdigit():
+        return True  # not ours: never touch it
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale() -> list[str]:
+    """Removes the leftovers of dead owners; returns the names it removed."""
+    reaped: list[str] = []
+    for name, group in manager().existing_groups().items():
+        if not _owner_alive(name):
+            try:
+                group.remove()
+                reaped.append(name)
+            except SandboxError:
+                continue
+    root = sandboxes_root()
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.name.startswith("sb-") and not _owner_alive(entry.name):
+                try:
+                    Workspace(root, entry.name, 1, None, None).remove()
+                    if entry.name not in reaped:
+                        reaped.append(entry.name)
+                except (SandboxError, OSError):
+                    continue
+    return reaped
+
+
+def reap_once() -> None:
+    global _done
+    if _done:
+        return
+    with _lock:
+        if not _done:
+            _done = True
+            reap_stale()

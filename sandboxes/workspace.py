@@ -1,0 +1,215 @@
+"""The host side of a sandbox's writable storage: a size-limited tmpfs per sandbox.
+
+Layout on the host (``SANDBOXES_ROOT``, default ``/tmp/sandboxes``)::
+
+    <root>/<name>/        tmpfs, size = disk_mb, inodes = disk_mb * 256 (mode 0711, root)
+    <root>/<name>/work    the sandbox's /work (owned by the sandbox uid)
+    <root>/<name>/tmp     the sandbox's /tmp
+
+One tmpfs holds both, so ``disk_mb`` bounds everything the sandbox can write and the inode
+cap bounds "a million small files". Mounting needs root; without it the workspace is a plain
+directory (only RLIMIT_FSIZE fences it), which is the ``disk_limit`` defence going missing.
+
+The host reads and writes these files as root while the sandbox's code put them there, so
+every access walks the path one component at a time with ``O_NOFOLLOW`` (a symlink planted by
+the sandbox is refused, never followed) and only regular files are read or written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import io
+import os
+import shutil
+import stat
+import tarfile
+from pathlib import Path
+
+from sandboxes.errors import SandboxError, SandboxPathError
+from sandboxes.spec import relative_sandbox_path
+
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MNT_DETACH = 0x2
+INODES_PER_MB = 256
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def sandboxes_root() -> Path:
+    return Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))  # noqa: S108
+
+
+def ensure_root(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)  # noqa: S103 - the sandbox uid may pass through, never list other sandboxes
+
+
+def mount_tmpfs(target: Path, options: str) -> None:
+    result = _libc.mount(
+        b"tmpfs", os.fsencode(target), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()
+    )
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(target))
+
+
+def unmount(target: Path) -> None:
+    if _libc.umount2(os.fsencode(target), MNT_DETACH) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point
+            raise OSError(code, os.strerror(code), str(target))
+
+
+def is_mount_point(path: Path) -> bool:
+    try:
+        return os.path.ismount(path)
+    except OSError:
+        return False
+
+
+class Workspace:
+    def __init__(self, root: Path, name: str, disk_mb: int, uid: int | None, gid: int | None):
+        self.path = root / name
+        self.disk_mb = disk_mb
+        self.uid = uid
+        self.gid = gid
+        self.limited = False
+
+    @property
+    def work(self) -> Path:
+        return self.path / "work"
+
+    @property
+    def tmp(self) -> Path:
+        return self.path / "tmp"
+
+    def create(self) -> str | None:
+        """Creates the storage; returns why the size limit is missing, or None."""
+        ensure_root(self.path.parent)
+        self.path.mkdir(mode=0o711)
+        missing = None
+        try:
+            mount_tmpfs(
+                self.path,
+                f"size={self.disk_mb}m,nr_inodes={self.disk_mb * INODES_PER_MB},mode=0711",
+            )
+            self.limited = True
+        except OSError as exc:
+            missing = f"cannot mount a size-limited tmpfs: {exc.strerror}"
+        for sub in (self.work, self.tmp):
+            sub.mkdir(mode=0o700)
+            if self.uid is not None and self.gid is not None:
+                os.chown(sub, self.uid, self.gid)
+        return missing
+
+    def remove(self) -> None:
+        if self.limited or is_mount_point(self.path):
+            unmount(self.path)
+            self.limited = False
+        if self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+            if self.path.exists():
+                raise SandboxError(f"cannot remove workspace {self.path}")
+
+    # -- files --------------------------------------------------------------------------------
+    def _open(self, path: str, flags: int, create_dirs: bool = False) -> int:
+        try:
+            relative = relative_sandbox_path(path)
+        except ValueError as exc:
+            raise SandboxPathError(f"{path!r}: {exc}") from exc
+        parts = relative.split("/")
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                if create_dirs:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        if self.uid is not None and self.gid is not None:
+                            os.chown(part, self.uid, self.gid, dir_fd=fd, follow_symlinks=False)
+                    except FileExistsError:
+                        pass
+                next_fd = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+                os.close(fd)
+                fd = next_fd
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise SandboxPathError(f"{path!r}: crosses a symlink or a non-directory") from exc
+            if exc.errno == errno.ENOENT:
+                raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", path) from exc
+            if exc.errno == errno.ENOSPC:
+                raise SandboxError(f"{path!r}: the sandbox's disk is full") from exc
+            raise
+        finally:
+            os.close(fd)
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        fd = self._open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, create_dirs=True
+        )
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SandboxPathError(f"{path!r} is not a regular file")
+            if self.uid is not None and self.gid is not None:
+                os.fchown(fd, self.uid, self.gid)
+            view = memoryview(data)
+            while view:
+                try:
+                    written = os.write(fd, view)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EFBIG):
+                        raise SandboxError(f"{path!r}: the sandbox's disk is full") from exc
+                    raise
+                view = view[written:]
+        finally:
+            os.close(fd)
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SandboxPathError(f"{path!r} is not a regular file")
+            if limit is not None and info.st_size > limit:
+                raise SandboxError(f"{path!r} is {info.st_size} bytes, over the {limit} limit")
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    # -- archives -----------------------------------------------------------------------------
+    def archive(self) -> bytes:
+        """A tar of /work (symlinks stored as links, never followed)."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for entry in sorted(os.listdir(self.work)):
+                tar.add(self.work / entry, arcname=entry, recursive=True)
+        return buffer.getvalue()
+
+    def extract(self, archive: bytes) -> None:
+        """Unpacks a /work archive, refusing members that would land outside /work."""
+        work = str(self.work)
+
+        def only_plain_members(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+            if not (member.isfile() or member.isdir() or member.issym()):
+                raise SandboxError(f"snapshot member {member.name!r}: only files, dirs, symlinks")
+            filtered = tarfile.tar_filter(member, dest)
+            if filtered is None:
+                return None
+            if self.uid is not None and self.gid is not None:
+                filtered = filtered.replace(uid=self.uid, gid=self.gid, uname="", gname="")
+            return filtered
+
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+                tar.extractall(work, filter=only_plain_members)  # noqa: S202 - filtered
+        except (tarfile.TarError, OSError) as exc:
+            raise SandboxError(f"cannot restore the work directory: {exc}") from exc
