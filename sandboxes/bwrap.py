@@ -257,6 +257,8 @@ class BwrapDriver:
         if self.image_path is not None:
             mode = "--bind" if self.writable_image else "--ro-bind"
             args += [mode, str(self.image_path), IMAGE_DIR]
+        # bwrap's root is a tmpfs it made: freeze it, so only /work, /tmp and /dev/shm take writes.
+        args += ["--remount-ro", "/"]
         return args
 
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:

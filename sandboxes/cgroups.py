@@ -303,7 +303,10 @@ class CgroupManager:
     to the reason, so a sandbox can refuse to start or run weaker when its spec allows it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, version: int | None = None) -> None:
+        """``version`` (or ``SANDBOXES_CGROUP_VERSION``) forces 1 or 2; default: v1 if mounted."""
+        if version is None and os.environ.get("SANDBOXES_CGROUP_VERSION", "") in ("1", "2"):
+            version = int(os.environ["SANDBOXES_CGROUP_VERSION"])
         self.version: int | None = None
         self.missing: dict[str, str] = {}
         self._v1_parents: dict[str, Path] = {}
@@ -314,9 +317,10 @@ class CgroupManager:
             v1, v2 = {}, None
             self.missing.update(dict.fromkeys(_CGROUP_DEFENCES, f"cannot read mounts: {exc}"))
             return
-        if "memory" in v1 or "pids" in v1:
+        use_v1 = ("memory" in v1 or "pids" in v1) and version != 2
+        if use_v1:
             self._setup_v1(v1)
-        elif v2 is not None and (v2 / "cgroup.controllers").exists():
+        elif v2 is not None and (v2 / "cgroup.controllers").exists() and version != 1:
             self._setup_v2(v2)
         else:
             self.missing.update(dict.fromkeys(_CGROUP_DEFENCES, "no cgroup hierarchy mounted"))

@@ -189,9 +189,14 @@ class Workspace:
     def archive(self) -> bytes:
         """A tar of /work (symlinks stored as links, never followed)."""
         buffer = io.BytesIO()
+
+        def plain_only(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            # FIFOs, sockets and device nodes are runtime debris, not state worth restoring.
+            return member if member.isfile() or member.isdir() or member.issym() else None
+
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for entry in sorted(os.listdir(self.work)):
-                tar.add(self.work / entry, arcname=entry, recursive=True)
+                tar.add(self.work / entry, arcname=entry, recursive=True, filter=plain_only)
         return buffer.getvalue()
 
     def extract(self, archive: bytes) -> None:

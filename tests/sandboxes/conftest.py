@@ -1,0 +1,72 @@
+"""Fixtures for the sandboxes tests: a canary secret in the host environment and a host check.
+
+Every test that opens a sandbox can call ``assert_nothing_left(name)`` after closing it: no
+cgroup directory, no workspace, no mount and no process (by cgroup or by marker) remain.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+CANARY = f"canary-secret-{uuid.uuid4().hex}"
+os.environ["SANDBOX_TEST_CANARY_SECRET"] = CANARY
+os.environ.setdefault("SANDBOXES_CGROUP_PARENT", f"sandboxes-test-{os.getpid()}")
+
+
+def _cgroup_dirs(name: str) -> list[Path]:
+    from sandboxes.cgroups import _parent_name, cgroup_mounts
+
+    v1, v2 = cgroup_mounts()
+    mounts = set(v1.values()) | ({v2} if v2 else set())
+    return [m / _parent_name() / name for m in mounts]
+
+
+def leftovers(name: str, marker: str | None = None) -> list[str]:
+    """What a sandbox called ``name`` left on the host (empty when nothing)."""
+    from sandboxes.workspace import sandboxes_root
+
+    found = [f"cgroup {p}" for p in _cgroup_dirs(name) if p.exists()]
+    workspace = sandboxes_root() / name
+    if workspace.exists():
+        found.append(f"workspace {workspace}")
+    if name in Path("/proc/self/mounts").read_text():
+        found.append(f"mount of {name}")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cgroups = (proc / "cgroup").read_text()
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if name in cgroups or (marker is not None and marker in cmdline):
+            found.append(f"process {proc.name}: {cmdline!r}")
+    return found
+
+
+def assert_nothing_left(name: str, marker: str | None = None) -> None:
+    left = leftovers(name, marker)
+    assert not left, f"sandbox {name} left behind: {left}"
+
+
+@pytest.fixture
+def canary() -> str:
+    return CANARY
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cgroup_parent_removed_at_end():
+    yield
+    from sandboxes.cgroups import _parent_name, cgroup_mounts
+
+    v1, v2 = cgroup_mounts()
+    for mount in set(v1.values()) | ({v2} if v2 else set()):
+        parent = mount / _parent_name()
+        if parent.is_dir() and _parent_name().startswith("sandboxes-test-"):
+            children = [p for p in parent.iterdir() if p.is_dir()]
+            assert not children, f"cgroups left under {parent}: {children}"
+            parent.rmdir()
