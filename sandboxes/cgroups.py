@@ -232,13 +232,14 @@ class CgroupV2Group(CgroupGroup):
         ).exists()
 
     def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
-        if memory_mb is not None:
+        # A controller the manager found missing has no files here (and allow_weaker said so).
+        if memory_mb is not None and (self.path / "memory.max").exists():
             _write(self.path / "memory.max", str(memory_mb * 1024 * 1024))
             if (self.path / "memory.swap.max").exists():
                 _write(self.path / "memory.swap.max", "0")
-        if pids is not None:
+        if pids is not None and (self.path / "pids.max").exists():
             _write(self.path / "pids.max", str(pids))
-        if cpu is not None:
+        if cpu is not None and (self.path / "cpu.max").exists():
             _write(self.path / "cpu.max", f"{max(1000, int(cpu * _PERIOD_US))} {_PERIOD_US}")
 
     def _stat(self, filename: str, key: str) -> int | None:

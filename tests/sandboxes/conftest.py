@@ -70,3 +70,21 @@ def _cgroup_parent_removed_at_end():
             children = [p for p in parent.iterdir() if p.is_dir()]
             assert not children, f"cgroups left under {parent}: {children}"
             parent.rmdir()
+
+
+def sandboxes_of_this_process() -> list[str]:
+    """Workspaces and cgroups still present that this test process created."""
+    from sandboxes.cgroups import _parent_name, cgroup_mounts
+    from sandboxes.workspace import sandboxes_root
+
+    prefix = f"sb-{os.getpid()}-"
+    found = []
+    root = sandboxes_root()
+    if root.is_dir():
+        found += [str(p) for p in root.iterdir() if p.name.startswith(prefix)]
+    v1, v2 = cgroup_mounts()
+    for mount in set(v1.values()) | ({v2} if v2 else set()):
+        parent = mount / _parent_name()
+        if parent.is_dir():
+            found += [str(p) for p in parent.iterdir() if p.name.startswith(prefix)]
+    return found

@@ -1,0 +1,248 @@
+"""A sandbox over a multi-step episode: capture, files, cwd, streaming, snapshots, CLI, images."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandboxes import (
+    ImageSpec,
+    Sandbox,
+    SandboxError,
+    SandboxPathError,
+    SandboxSpec,
+    Snapshot,
+    WeakerIsolationError,
+    build_image,
+    register_image,
+)
+from tests.sandboxes.conftest import assert_nothing_left
+
+
+def test_a_command_reports_output_exit_code_and_resource_use():
+    with Sandbox(SandboxSpec(memory_mb=128)) as sandbox:
+        result = sandbox.run(
+            [
+                "python3",
+                "-c",
+                "import sys; print('out'); print('err', file=sys.stderr); "
+                "x = bytearray(32 * 2**20); sys.exit(3)",
+            ]
+        )
+    assert (result.stdout, result.stderr, result.exit_code) == ("out\n", "err\n", 3)
+    assert result.signal is None and not result.timed_out and not result.oom_killed
+    assert not result.truncated and not result.ok
+    assert result.peak_memory_mb is not None and 32 <= result.peak_memory_mb < 128
+    assert result.cpu_s is not None and result.cpu_s > 0
+    assert result.wall_s > 0 and result.image_digest is None
+    assert_nothing_left(sandbox.name)
+
+
+def test_the_environment_holds_only_the_spec_variables(canary):
+    with Sandbox(SandboxSpec(env={"TASK": "42"})) as sandbox:
+        result = sandbox.run(
+            ["python3", "-c", "import os, json; print(json.dumps(dict(os.environ)))"]
+        )
+        per_run = sandbox.run(["sh", "-c", "echo $EXTRA"], env={"EXTRA": "x"})
+    env = json.loads(result.stdout)
+    assert env.pop("TASK") == "42"
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "USER", "PWD"}
+    assert canary not in result.stdout
+    assert per_run.stdout == "x\n"
+
+
+def test_files_and_the_working_directory_persist_across_runs():
+    spec = SandboxSpec(files={"src/main.py": "print(open('data.txt').read())"})
+    with Sandbox(spec) as sandbox:
+        sandbox.run(["sh", "-c", "echo from-step-1 > src/data.txt && mkdir -p /tmp/scratch"])
+        sandbox.cwd = "src"
+        assert sandbox.cwd == "/work/src"
+        result = sandbox.run(["python3", "main.py"])
+        sandbox.write_files({"/tmp/scratch/b.bin": b"\x00\x01"})
+        assert sandbox.read_file("/tmp/scratch/b.bin") == b"\x00\x01"
+        assert sandbox.read_file("data.txt") == b"from-step-1\n"
+        pwd = sandbox.run(["pwd"]).stdout
+        with pytest.raises(SandboxPathError):
+            sandbox.cwd = "/etc"
+    assert result.stdout == "from-step-1\n\n"
+    assert pwd == "/work/src\n"
+
+
+def test_stdin_is_fed_and_streaming_callbacks_see_output_as_it_comes():
+    seen: list[str] = []
+    with Sandbox(SandboxSpec()) as sandbox:
+        result = sandbox.run(
+            [
+                "python3",
+                "-c",
+                "import sys\nfor line in sys.stdin: print(line.upper(), end='', flush=True)",
+            ],
+            stdin="a\nb\n",
+            on_stdout=seen.append,
+        )
+    assert result.stdout == "A\nB\n"
+    assert "".join(seen) == "A\nB\n"
+
+
+def test_output_is_capped_at_the_spec_limit_with_truncated_set():
+    with Sandbox(SandboxSpec(output_limit_bytes=10)) as sandbox:
+        result = sandbox.run(["sh", "-c", "printf '0123456789abcdef'; printf 'x' >&2"])
+    assert result.stdout == "0123456789" and result.stderr == "x"
+    assert result.truncated and result.stdout_bytes == 16
+
+
+def test_a_killed_command_reports_its_signal():
+    with Sandbox(SandboxSpec()) as sandbox:
+        result = sandbox.run(["sh", "-c", "kill -TERM $$"])
+    assert result.signal == 15 and result.exit_code == 143
+
+
+def test_bad_arguments_are_clear_errors():
+    with Sandbox(SandboxSpec()) as sandbox:
+        with pytest.raises(SandboxError):
+            sandbox.run("echo hi")  # type: ignore[arg-type]
+        with pytest.raises(SandboxError):
+            sandbox.run([])
+        with pytest.raises(SandboxError):
+            sandbox.run(["true"], timeout=0)
+        with pytest.raises(SandboxPathError):
+            sandbox.write_files({"../x": "y"})
+        with pytest.raises(FileNotFoundError):
+            sandbox.read_file("missing.txt")
+        result = sandbox.run(["/no/such/program"])
+        assert result.exit_code != 0 and "no/such/program" in result.stderr
+    with pytest.raises(SandboxError):
+        sandbox.run(["true"])
+
+
+def test_writing_more_than_the_disk_through_write_files_fails_cleanly():
+    with Sandbox(SandboxSpec(disk_mb=1)) as sandbox:
+        with pytest.raises(SandboxError, match="disk is full"):
+            sandbox.write_files({"big.bin": b"x" * (2 * 1024 * 1024)})
+        assert sandbox.run(["true"]).exit_code == 0
+
+
+def test_snapshot_to_a_file_and_restore_resume_the_episode(tmp_path):
+    with Sandbox(SandboxSpec(memory_mb=64, env={"K": "v"})) as sandbox:
+        sandbox.run(["sh", "-c", "mkdir -p a/b && echo state > a/b/s.txt && ln -s b a/link"])
+        sandbox.cwd = "a"
+        path = sandbox.snapshot().save(tmp_path / "episode.snap")
+    with Sandbox.restore(Snapshot.load(path)) as restored:
+        assert restored.spec.memory_mb == 64 and restored.spec.env == {"K": "v"}
+        assert restored.cwd == "/work/a"
+        result = restored.run(["sh", "-c", "cat link/s.txt; echo $K"])
+    assert result.stdout == "state\nv\n"
+    assert_nothing_left(restored.name)
+
+
+def test_a_corrupt_snapshot_is_refused(tmp_path):
+    bad = tmp_path / "bad.snap"
+    bad.write_bytes(b"not a tar")
+    with pytest.raises(SandboxError):
+        Snapshot.load(bad)
+
+
+def test_refuses_to_start_without_a_defence_unless_the_spec_allows_it(monkeypatch):
+    from sandboxes import cgroups
+
+    weak = cgroups.CgroupManager()
+    weak.missing["cgroup_memory"] = "pretend the kernel has no memory controller"
+    monkeypatch.setattr(cgroups, "_manager", weak)
+    with pytest.raises(WeakerIsolationError) as caught:
+        Sandbox(SandboxSpec()).open()
+    assert caught.value.missing == ["cgroup_memory"]
+    assert "no memory controller" in str(caught.value)
+    with Sandbox(SandboxSpec(allow_weaker=["cgroup_memory"])) as sandbox:
+        assert "cgroup_memory" in sandbox.weakened
+        assert sandbox.run(["true"]).exit_code == 0
+
+
+def test_cgroup_v2_groups_kill_and_measure_on_a_real_unified_hierarchy(monkeypatch):
+    from sandboxes import cgroups
+
+    v1, v2 = cgroups.cgroup_mounts()
+    if v2 is None or not os.access(v2, os.W_OK):
+        pytest.skip("no writable cgroup2 hierarchy here")
+    unified = cgroups.CgroupManager(version=2)
+    if unified.version != 2 or unified._v2_parent is None:
+        pytest.skip(f"cgroup v2 unusable here: {unified.missing}")
+    monkeypatch.setattr(cgroups, "_manager", unified)
+    spec = SandboxSpec(allow_weaker=sorted(unified.missing), timeout_s=0.5)
+    with Sandbox(spec) as sandbox:
+        result = sandbox.run(["sh", "-c", "(setsid sleep 100 &); sleep 100"])
+        group_path = Path(unified._v2_parent) / sandbox.name
+        assert group_path.is_dir()
+    assert result.timed_out and result.cpu_s is not None
+    assert not group_path.exists()
+
+
+def test_cli_prints_the_exec_result_as_json(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"memory_mb": 64, "env": {"WHO": "cli"}}))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandboxes",
+            "run",
+            "--spec",
+            str(spec),
+            "--",
+            "sh",
+            "-c",
+            "echo $WHO; exit 4",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 4, done.stderr
+    result = json.loads(done.stdout)
+    assert result["stdout"] == "cli\n" and result["exit_code"] == 4
+    spec.write_text(json.dumps({"memory_mb": 1, "nonsense": True}))
+    bad = subprocess.run(
+        [sys.executable, "-m", "sandboxes", "run", "--spec", str(spec), "--", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "memory_mb" in bad.stderr and "nonsense" in bad.stderr
+
+
+def test_an_image_is_built_once_cached_by_digest_and_mounted_read_only(tmp_path, monkeypatch):
+    cache = Path("/var/tmp") / f"sandboxes-images-test-{os.getpid()}"
+    monkeypatch.setenv("SANDBOXES_IMAGE_CACHE", str(cache))
+    image = ImageSpec(
+        name="venv-tool",
+        files={"src/tool.py": "def shout(s):\n    return s.upper()\n"},
+        setup="python3 -m venv --without-pip /image/venv && "
+        "cp src/tool.py /image/venv/lib/python3*/site-packages/ && echo built >> /image/log",
+        env={"PATH": "/image/venv/bin:/usr/bin:/bin"},
+    )
+    try:
+        register_image(image)
+        with Sandbox(SandboxSpec(image="venv-tool")) as sandbox:
+            result = sandbox.run(
+                [
+                    "sh",
+                    "-c",
+                    "python -c 'import tool; print(tool.shout(\"hi\"))'; "
+                    "cat /image/log; touch /image/x || echo read-only",
+                ]
+            )
+        assert result.stdout == "HI\nbuilt\nread-only\n"
+        assert result.image_digest == image.digest()
+        built = build_image(image)  # cached: the setup does not run again
+        assert (built.path / "log").read_text() == "built\n"
+        failing = ImageSpec(name="broken", setup="echo nope; exit 7")
+        with pytest.raises(SandboxError, match="nope"):
+            build_image(failing)
+    finally:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
