@@ -1,3 +1,10 @@
-from django.urls import path  # noqa: F401  (used as apps add their consumers)
+"""Websocket routes. Each app's consumer is listed here; all of them sit behind the origin check
+and session authentication in console.asgi."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from console.status.consumers import StatusConsumer
+
+websocket_urlpatterns = [
+    path("ws/status/", StatusConsumer.as_asgi()),
+]

@@ -92,6 +92,9 @@ CHANNEL_LAYERS = {
     }
 }
 
+# The status page re-probes every part this often while someone has it open.
+STATUS_PROBE_INTERVAL_S = env_int("STATUS_PROBE_INTERVAL_S", 3, minimum=1)
+
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True

@@ -1,4 +1,6 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from console.status import views
 
 app_name = "status"
-urlpatterns: list = []
+urlpatterns = [path("", views.status_page, name="page")]

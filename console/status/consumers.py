@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from typing import Any
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from console.broadcast import STATUS_GROUP
+from console.status.prober import prober
+
+
+class StatusConsumer(AsyncJsonWebsocketConsumer):
+    """Forwards status snapshots to a logged-in browser. Anonymous handshakes are refused
+    (origin is checked by AllowedHostsOriginValidator in console.asgi)."""
+
+    joined = False
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        await self.channel_layer.group_add(STATUS_GROUP, self.channel_name)
+        self.joined = True
+        await self.accept()
+        prober.subscribe()
+
+    async def disconnect(self, code: int) -> None:
+        if self.joined:
+            self.joined = False
+            prober.unsubscribe()
+            await self.channel_layer.group_discard(STATUS_GROUP, self.channel_name)
+
+    async def broadcast_event(self, message: dict[str, Any]) -> None:
+        await self.send_json({"event": message["event"], **message["payload"]})
