@@ -1,0 +1,286 @@
+"""Demo domains: small task families a model of a few million parameters can learn.
+
+Each domain generates tasks deterministically from a seed, splits them into disjoint ``train``
+and ``test`` (held-out) sets by a hash of the task's identity, carries a rubric spec for the
+rewards library, and writes reference completions for the supervised warm-up of the demo model.
+
+- ``arithmetic`` — two-digit addition and subtraction, answer in ``\\boxed{}`` (math criterion).
+- ``json_format`` — a basket of fruit reported as a JSON object with a computed total
+  (JSON-schema criterion for the structure, exact match for the values).
+- ``code`` — a one-line Python function described in words, checked by unit tests that run in
+  a sandbox.
+- ``tool_calc`` — multi-turn tool use: a product of two-digit numbers (too hard for the tiny
+  model to do in its head) computed by calling the ``python`` tool, then the answer in
+  ``\\boxed{}``. Only returned by ``demo_domains(include_tool_use=True)`` because its episodes
+  need ``training.agent``.
+
+A task is ``{"prompt": str, "ground_truth": ..., "metadata": {...}}``; the prompt is already in
+the demo chat format (``training.demo.chat``), and ``metadata["question"]`` holds the plain
+question for OpenAI-style messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.demo.chat import END, render_turn, user_prompt
+
+SPLITS = ("train", "test")
+# One task identity in this many is held out for evaluation.
+_HELD_OUT_ONE_IN = 5
+
+
+def _split_of(domain: str, key: str) -> str:
+    digest = hashlib.sha256(f"{domain}:{key}".encode()).digest()
+    return "test" if digest[0] % _HELD_OUT_ONE_IN == 0 else "train"
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """A task before it is placed in a split: identity, question, answer and reference."""
+
+    key: str
+    question: str
+    ground_truth: Any
+    reference: str  # the assistant's part of the reference completion, before END
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DemoDomain:
+    """One demo task family. ``make_tasks`` is deterministic in ``(n, seed, split)``."""
+
+    name: str
+    description: str
+    rubric_spec: dict[str, Any]
+    draw: Callable[[random.Random], _Draft] = field(repr=False)
+    tools: tuple[str, ...] = ()
+    max_new_tokens: int = 48
+
+    def make_tasks(self, n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+        """``n`` tasks of ``split`` ("train" or "test"); the two splits never share a task."""
+        return [self._task(draft) for draft in self._drafts(n, seed, split)]
+
+    def sft_examples(self, n: int, seed: int = 0) -> list[tuple[str, str]]:
+        """``(prompt, completion)`` pairs from the train split for the supervised warm-up."""
+        return [
+            (self._task(draft)["prompt"], draft.reference + END)
+            for draft in self._drafts(n, seed, "train")
+        ]
+
+    def _drafts(self, n: int, seed: int, split: str) -> list[_Draft]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if n < 0:
+            raise ValueError(f"n must be ≥ 0, got {n}")
+        rng = random.Random(f"{self.name}:{split}:{seed}")
+        drafts: list[_Draft] = []
+        attempts = 0
+        while len(drafts) < n:
+            attempts += 1
+            if attempts > 200 * (n + 10):
+                raise RuntimeError(f"domain {self.name!r} cannot draw {n} {split} tasks")
+            draft = self.draw(rng)
+            if _split_of(self.name, draft.key) == split:
+                drafts.append(draft)
+        return drafts
+
+    def _task(self, draft: _Draft) -> dict[str, Any]:
+        metadata = {
+            "domain": self.name,
+            "question": draft.question,
+            "task_id": f"{self.name}:{draft.key}",
+            "tools": list(self.tools),
+            "max_new_tokens": self.max_new_tokens,
+            **draft.extra,
+        }
+        return {
+            "prompt": user_prompt(draft.question),
+            "ground_truth": draft.ground_truth,
+            "metadata": metadata,
+        }
+
+
+# --- arithmetic -------------------------------------------------------------------------------
+
+
+def _draw_arithmetic(rng: random.Random) -> _Draft:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    if rng.random() < 0.5:
+        op, value = "+", a + b
+    else:
+        a, b = max(a, b), min(a, b)
+        op, value = "-", a - b
+    return _Draft(
+        key=f"{a}{op}{b}",
+        question=f"What is {a} {op} {b}?",
+        ground_truth=str(value),
+        reference=f"\\boxed{{{value}}}",
+    )
+
+
+ARITHMETIC_RUBRIC: dict[str, Any] = {
+    "version": 1,
+    "criteria": [
+        {
+            "name": "correct",
+            "kind": "math_equivalence",
+            "weight": 1.0,
+            "params": {"extract": "boxed"},
+        }
+    ],
+    "aggregate": "weighted_sum",
+}
+
+
+# --- json_format ------------------------------------------------------------------------------
+
+_FRUITS = ("apples", "pears", "plums", "figs", "limes", "kiwis", "dates", "grapes")
+
+BASKET_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "first": {"type": "integer"},
+        "second": {"type": "integer"},
+        "total": {"type": "integer"},
+    },
+    "required": ["first", "second", "total"],
+    "additionalProperties": False,
+}
+
+
+def _draw_json(rng: random.Random) -> _Draft:
+    first_fruit, second_fruit = rng.sample(_FRUITS, 2)
+    first, second = rng.randint(1, 49), rng.randint(1, 49)
+    answer = json.dumps({"first": first, "second": second, "total": first + second})
+    return _Draft(
+        key=f"{first_fruit}{first}{second_fruit}{second}",
+        question=(
+            f"A basket holds {first} {first_fruit} and {second} {second_fruit}. "
+            "Reply with JSON giving first, second and total."
+        ),
+        ground_truth=answer,
+        reference=answer,
+    )
+
+
+JSON_RUBRIC: dict[str, Any] = {
+    "version": 1,
+    "criteria": [
+        {
+            "name": "valid_json",
+            "kind": "json_schema",
+            "weight": 0.3,
+            "params": {"schema": BASKET_SCHEMA},
+        },
+        {"name": "correct", "kind": "exact_match", "weight": 0.7, "params": {"extract": "full"}},
+    ],
+    "aggregate": "weighted_sum",
+}
+
+
+# --- code -------------------------------------------------------------------------------------
+
+_OPS = {"plus": "+", "minus": "-", "times": "*"}
+
+
+def _draw_code(rng: random.Random) -> _Draft:
+    first_op, second_op = rng.choice(list(_OPS)), rng.choice(list(_OPS))
+    first_k, second_k = rng.randint(1, 9), rng.randint(1, 9)
+    expression = f"x {_OPS[first_op]} {first_k} {_OPS[second_op]} {second_k}"
+    # Python's precedence applies, as the words say nothing about grouping: the tests and the
+    # reference agree because both evaluate the same expression.
+    inputs = (0, 1, 2, 5, -3)
+    tests = "".join(f"assert f({x}) == {eval(expression, {'x': x})}\n" for x in inputs)  # noqa: S307
+    return _Draft(
+        key=expression,
+        question=(
+            f"Write a Python function f(x) that returns x {first_op} {first_k} "
+            f"{second_op} {second_k}."
+        ),
+        ground_truth=tests,
+        reference=f"```python\ndef f(x):\n    return {expression}\n```",
+        extra={"entry_point": "f"},
+    )
+
+
+CODE_RUBRIC: dict[str, Any] = {
+    "version": 1,
+    "criteria": [{"name": "tests", "kind": "unit_tests", "weight": 1.0, "params": {}}],
+    "aggregate": "weighted_sum",
+}
+
+
+# --- tool_calc (multi-turn tool use) ----------------------------------------------------------
+
+
+def _draw_tool_calc(rng: random.Random) -> _Draft:
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
+    value = a * b
+    reference = (
+        f"<tool>python\nprint({a} * {b})\n</tool>{END}\n"
+        + render_turn("tool", str(value))
+        + f"<|assistant|>\n\\boxed{{{value}}}"
+    )
+    return _Draft(
+        key=f"{a}*{b}",
+        question=f"Use the python tool to compute {a} * {b}.",
+        ground_truth=str(value),
+        reference=reference,
+        extra={"max_turns": 3},
+    )
+
+
+TOOL_CALC_RUBRIC: dict[str, Any] = ARITHMETIC_RUBRIC
+
+
+def demo_domains(include_tool_use: bool = False) -> list[DemoDomain]:
+    """The demo domains; ``include_tool_use`` adds ``tool_calc`` (multi-turn, needs the agent)."""
+    domains = [
+        DemoDomain(
+            name="arithmetic",
+            description="Two-digit addition and subtraction; answer in \\boxed{}.",
+            rubric_spec=ARITHMETIC_RUBRIC,
+            draw=_draw_arithmetic,
+            max_new_tokens=16,
+        ),
+        DemoDomain(
+            name="json_format",
+            description="Report a basket as JSON with a computed total.",
+            rubric_spec=JSON_RUBRIC,
+            draw=_draw_json,
+            max_new_tokens=40,
+        ),
+        DemoDomain(
+            name="code",
+            description="A one-line Python function from words, checked by unit tests.",
+            rubric_spec=CODE_RUBRIC,
+            draw=_draw_code,
+            max_new_tokens=40,
+        ),
+    ]
+    if include_tool_use:
+        domains.append(
+            DemoDomain(
+                name="tool_calc",
+                description="Multiply two-digit numbers by calling the python tool.",
+                rubric_spec=TOOL_CALC_RUBRIC,
+                draw=_draw_tool_calc,
+                tools=("python",),
+                max_new_tokens=32,
+            )
+        )
+    return domains
+
+
+def get_domain(name: str) -> DemoDomain:
+    for domain in demo_domains(include_tool_use=True):
+        if domain.name == name:
+            return domain
+    known = [d.name for d in demo_domains(include_tool_use=True)]
+    raise KeyError(f"no demo domain {name!r}; known: {known}")

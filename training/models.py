@@ -1,0 +1,345 @@
+"""Models without a hub: the demo model, built reproducibly from a seed.
+
+``python -m training.models make-demo [--size test|bench] [--out DIR] [--force]`` builds a
+small Llama-shaped model (head_dim 64, which vLLM's CPU attention needs) and a byte-level BPE
+tokenizer trained in-process on the demo domains' text (``training.demo``), then gives it a
+short supervised warm-up on the train split so that it already solves some held-out tasks — a
+base for RL to improve. The result is a plain Hugging Face directory (``config.json``,
+``model.safetensors``, ``tokenizer.json`` with the demo chat template) that loads in
+``transformers`` and vLLM alike, cached under ``var/models/`` (``$CONSOLE_VAR_DIR/models``).
+
+Sizes: ``test`` (about 1.5M parameters; builds in well under a minute on 2 cores) is what the
+tests and the console demo use; ``bench`` (about 25M parameters) is what the benchmarks use,
+because engine comparisons on a tiny model only measure start-up.
+
+``ensure_demo_model(path=None, size="test")`` returns the cached directory, building it when it
+is missing or was built with different settings (``demo_build.json`` records them). Builds take
+a file lock and write to a temporary directory renamed into place, so concurrent test processes
+never see half a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.demo import CHAT_TEMPLATE, END, SPECIAL_TOKENS, demo_domains
+from training.demo.chat import PAD
+
+# Bump when the recipe changes so cached models built by an older recipe are rebuilt.
+RECIPE_VERSION = 1
+BUILD_RECORD = "demo_build.json"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def var_dir() -> Path:
+    return Path(os.environ.get("CONSOLE_VAR_DIR", str(REPO_ROOT / "var")))
+
+
+@dataclass(frozen=True)
+class DemoModelSize:
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    vocab_size: int
+    warmup_steps: int
+    batch_size: int
+    learning_rate: float
+
+    @property
+    def num_heads(self) -> int:
+        # head_dim is fixed at 64: vLLM's CPU attention rejects smaller heads.
+        return self.hidden_size // 64
+
+
+SIZES: dict[str, DemoModelSize] = {
+    "test": DemoModelSize(
+        hidden_size=192,
+        num_layers=3,
+        intermediate_size=512,
+        vocab_size=512,
+        warmup_steps=300,
+        batch_size=32,
+        learning_rate=3e-3,
+    ),
+    "bench": DemoModelSize(
+        hidden_size=512,
+        num_layers=8,
+        intermediate_size=1408,
+        vocab_size=2048,
+        warmup_steps=300,
+        batch_size=32,
+        learning_rate=1e-3,
+    ),
+}
+MAX_POSITIONS = 512
+
+
+def default_demo_dir(size: str = "test") -> Path:
+    return var_dir() / "models" / ("demo" if size == "test" else f"demo-{size}")
+
+
+def _build_settings(size: str, seed: int) -> dict[str, Any]:
+    if size not in SIZES:
+        raise ValueError(f"unknown demo model size {size!r}; expected one of {sorted(SIZES)}")
+    return {"recipe": RECIPE_VERSION, "size": size, "seed": seed, **asdict(SIZES[size])}
+
+
+def ensure_demo_model(path: str | Path | None = None, size: str = "test", seed: int = 0) -> Path:
+    """The demo model's directory, built (deterministically from ``seed``) if missing."""
+    target = Path(path) if path is not None else default_demo_dir(size)
+    settings = _build_settings(size, seed)
+    if _is_built(target, settings):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = target.parent / f".{target.name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_built(target, settings):  # someone else may have built it while we waited
+            build_demo_model(target, size=size, seed=seed)
+    return target
+
+
+def _is_built(target: Path, settings: dict[str, Any]) -> bool:
+    record = target / BUILD_RECORD
+    if not record.is_file():
+        return False
+    try:
+        built = json.loads(record.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return built.get("settings") == settings
+
+
+def build_demo_model(
+    target: str | Path, size: str = "test", seed: int = 0, log: Any = None
+) -> dict[str, Any]:
+    """Build the demo model into ``target`` (replacing it) and return its build record."""
+    settings = _build_settings(size, seed)
+    shape = SIZES[size]
+    target = Path(target)
+    started = time.monotonic()
+    say = log or (lambda message: None)
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    sft = _sft_corpus(shape.warmup_steps * shape.batch_size, seed)
+    tokenizer = train_tokenizer([prompt + completion for prompt, completion in sft], shape)
+    model = _fresh_model(tokenizer, shape, seed)
+    say(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    losses = _warm_up(model, tokenizer, sft, shape, seed, say)
+    model.eval()
+    held_out = evaluate_exact(model, tokenizer, n_per_domain=32, seed=seed)
+    record = {
+        "settings": settings,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "warmup_final_loss": losses[-1] if losses else None,
+        "held_out_exact_match": held_out,
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    say(f"built {target} in {record['build_seconds']} s; held-out exact match {held_out}")
+    return record
+
+
+def _sft_corpus(n_examples: int, seed: int) -> list[tuple[str, str]]:
+    domains = demo_domains(include_tool_use=True)
+    per_domain = math.ceil(n_examples / len(domains))
+    examples = [ex for domain in domains for ex in domain.sft_examples(per_domain, seed)]
+    random.Random(seed).shuffle(examples)
+    return examples
+
+
+def train_tokenizer(texts: Sequence[str], shape: DemoModelSize) -> Any:
+    """A byte-level BPE tokenizer (every string encodes) with single-digit number tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    # Digits one by one: numbers then share a small set of tokens, which arithmetic needs.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=shape.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=END,
+        pad_token=PAD,
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (END, PAD)],
+        padding_side="left",
+        model_max_length=MAX_POSITIONS,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _fresh_model(tokenizer: Any, shape: DemoModelSize, seed: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_heads,
+        head_dim=64,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        # The tokenizer adds no BOS; point it at END so nothing expects a token we lack.
+        bos_token_id=tokenizer.eos_token_id,
+        torch_dtype="float32",
+    )
+    return LlamaForCausalLM(config)
+
+
+def _warm_up(
+    model: Any,
+    tokenizer: Any,
+    examples: list[tuple[str, str]],
+    shape: DemoModelSize,
+    seed: int,
+    say: Any,
+) -> list[float]:
+    """Supervised warm-up: cross-entropy on the completion tokens only."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=shape.learning_rate, weight_decay=0.0)
+    steps = shape.warmup_steps
+    warmup = max(1, steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: (
+            min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+        ),
+    )
+    encoded = [
+        (tokenizer(prompt)["input_ids"], tokenizer(completion)["input_ids"])
+        for prompt, completion in examples
+    ]
+    model.train()
+    losses: list[float] = []
+    for step in range(steps):
+        picks = torch.randint(len(encoded), (shape.batch_size,), generator=generator).tolist()
+        input_ids, labels = _pad_batch([encoded[i] for i in picks], tokenizer.pad_token_id)
+        # Right padding needs no attention mask: causal attention never looks ahead, and padded
+        # positions carry no labels.
+        loss = model(input_ids=input_ids, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(loss))
+        if step % 50 == 0 or step == steps - 1:
+            say(f"warm-up step {step}/{steps} loss {float(loss):.3f}")
+    return losses
+
+
+def _pad_batch(
+    pairs: list[tuple[list[int], list[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(p) + len(c) for p, c in pairs)
+    input_ids = torch.full((len(pairs), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(pairs), length), -100, dtype=torch.long)
+    for row, (prompt, completion) in enumerate(pairs):
+        ids = prompt + completion
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, len(prompt) : len(ids)] = torch.tensor(completion)
+    return input_ids, labels
+
+
+@torch.no_grad()
+def evaluate_exact(model: Any, tokenizer: Any, n_per_domain: int, seed: int) -> dict[str, float]:
+    """Greedy exact match against the reference answer on held-out tasks, per domain.
+
+    A quick, rubric-free check of the warm-up (the rewards library scores real runs). The
+    tool-use domain is judged on its first turn, the tool call, since no tool runs here.
+    """
+    scores: dict[str, float] = {}
+    for domain in demo_domains(include_tool_use=True):
+        drafts = domain._drafts(n_per_domain, seed + 1, "test")
+        prompts = [domain._task(d)["prompt"] for d in drafts]
+        expected = [d.reference.split(END)[0] for d in drafts]
+        completions = greedy_complete(model, tokenizer, prompts, domain.max_new_tokens)
+        hits = sum(
+            got.strip() == want.strip() for got, want in zip(completions, expected, strict=True)
+        )
+        scores[domain.name] = round(hits / len(drafts), 3)
+    return scores
+
+
+@torch.no_grad()
+def greedy_complete(
+    model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int
+) -> list[str]:
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    out = model.generate(
+        **batch,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    new_tokens = out[:, batch["input_ids"].shape[1] :]
+    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.models")
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("make-demo", help="build the demo model (cached)")
+    make.add_argument("--size", choices=sorted(SIZES), default="test")
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--out", type=Path, default=None, help="directory (default var/models/demo)")
+    make.add_argument("--force", action="store_true", help="rebuild even if cached")
+    args = parser.parse_args(argv)
+
+    target = args.out or default_demo_dir(args.size)
+    settings = _build_settings(args.size, args.seed)
+    if not args.force and _is_built(target, settings):
+        print(f"{target} is up to date ({BUILD_RECORD} matches); --force rebuilds it")
+        return 0
+    build_demo_model(target, size=args.size, seed=args.seed, log=lambda m: print(m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
