@@ -1,6 +1,7 @@
 """Fixtures for console tests: one team, a person in every role, and clients acting as each.
 
-The role matrix (names in `tests.console.factories`):
+The role matrix (names in `tests.console.factories`; `team`, `other_team` and `people` live in
+tests/conftest.py so that browser tests under tests/e2e/ use the same people):
 
 - `team`: "Lab" — the team whose objects are under test. `other_team`: "Other lab".
 - `people`: a `People` with the users `owner` (researcher of `team`, the one who creates the
@@ -29,14 +30,12 @@ Passwords are hashed with MD5 here (fast); `factories.password_for(username)` gi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from django.test import Client
 
-from console.accounts.models import Role, Team
-from console.accounts.services import api_token_create
+from tests.conftest import People
 from tests.console.factories import (
     ANONYMOUS,
     OUTSIDER,
@@ -44,72 +43,12 @@ from tests.console.factories import (
     TEAMMATE_ADMIN,
     TEAMMATE_ANNOTATOR,
     TEAMMATE_RESEARCHER,
-    MembershipFactory,
-    TeamFactory,
-    UserFactory,
 )
 
 
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@dataclass
-class People:
-    team: Team
-    other_team: Team
-    owner: Any
-    teammate_researcher: Any
-    teammate_annotator: Any
-    teammate_admin: Any
-    outsider: Any
-    tokens: dict[str, str] = field(default_factory=dict)
-
-    def user(self, who: str) -> Any:
-        if who == ANONYMOUS:
-            return None
-        return getattr(self, who)
-
-    def team_of(self, who: str) -> Team:
-        return self.other_team if who == OUTSIDER else self.team
-
-    def token(self, who: str) -> str:
-        """The API token secret of `who` (created on first use)."""
-        if who not in self.tokens:
-            _, secret = api_token_create(user=self.user(who), team=self.team_of(who), name="tests")
-            self.tokens[who] = secret
-        return self.tokens[who]
-
-
-@pytest.fixture
-def team(db: None) -> Team:
-    return TeamFactory(slug="lab", name="Lab")
-
-
-@pytest.fixture
-def other_team(db: None) -> Team:
-    return TeamFactory(slug="other-lab", name="Other lab")
-
-
-@pytest.fixture
-def people(team: Team, other_team: Team) -> People:
-    def member(username: str, member_team: Team, role: str) -> Any:
-        user = UserFactory(username=username)
-        MembershipFactory(user=user, team=member_team, role=role)
-        return user
-
-    # The outsider's team has an admin of its own, so it is a well-formed team.
-    member("other_admin", other_team, Role.ADMIN)
-    return People(
-        team=team,
-        other_team=other_team,
-        owner=member(OWNER, team, Role.RESEARCHER),
-        teammate_researcher=member(TEAMMATE_RESEARCHER, team, Role.RESEARCHER),
-        teammate_annotator=member(TEAMMATE_ANNOTATOR, team, Role.ANNOTATOR),
-        teammate_admin=member(TEAMMATE_ADMIN, team, Role.ADMIN),
-        outsider=member(OUTSIDER, other_team, Role.RESEARCHER),
-    )
 
 
 @pytest.fixture
