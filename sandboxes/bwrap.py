@@ -161,6 +161,7 @@ class BwrapDriver:
         self.weakened: dict[str, str] = {}
         self._args: list[str] = []
         self._seccomp: bytes | None = None
+        self._kill_requested = False
         self._lock = threading.Lock()
         self._running: subprocess.Popen[bytes] | None = None
 
@@ -195,7 +196,19 @@ class BwrapDriver:
             raise
 
     def close(self) -> None:
+        """Kills everything, waits for a run in another thread to return, removes all state."""
         errors = []
+        try:
+            self.kill()
+        except SandboxError as exc:
+            errors.append(str(exc))
+        with self._lock:
+            self._args = []  # no run can start any more
+            self._remove(errors)
+        if errors:
+            raise SandboxError("; ".join(errors))
+
+    def _remove(self, errors: list[str]) -> None:
         if self.cgroup is not None:
             try:
                 self.cgroup.remove()
@@ -206,11 +219,10 @@ class BwrapDriver:
             self.workspace.remove()
         except (SandboxError, OSError) as exc:
             errors.append(str(exc))
-        if errors:
-            raise SandboxError("; ".join(errors))
 
     def kill(self) -> None:
         """Kills every process of the sandbox now (safe from any thread)."""
+        self._kill_requested = True
         if self.cgroup is not None:
             self.cgroup.kill_all()
         running = self._running
@@ -286,9 +298,9 @@ class BwrapDriver:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> ExecResult:
-        if not self._args:
-            raise SandboxError("the sandbox is not started (use it as a context manager)")
         with self._lock:  # one command at a time: they share the cgroup's counters
+            if not self._args:
+                raise SandboxError("the sandbox is not open (use it as a context manager)")
             return self._run_locked(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
 
     def _run_locked(
@@ -301,6 +313,7 @@ class BwrapDriver:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> ExecResult:
+        self._kill_requested = False
         status_read, status_write = os.pipe()
         passed = [status_write]
         args = [*self._args, "--chdir", cwd, "--json-status-fd", str(status_write)]
@@ -353,7 +366,7 @@ class BwrapDriver:
         wall = time.monotonic() - started
         out.finish()
         err.finish()
-        if "child-pid" not in status and not timed_out:
+        if "child-pid" not in status and not timed_out and not self._kill_requested:
             raise SandboxError(
                 f"bwrap could not set up the sandbox (exit {proc.returncode}): "
                 f"{err.text.strip()[-2000:]}"

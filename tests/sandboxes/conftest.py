@@ -41,7 +41,12 @@ def leftovers(name: str, marker: str | None = None) -> list[str]:
         try:
             cgroups = (proc / "cgroup").read_text()
             cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("Z", "X"):
+            # Dead already; only its parent's wait() is missing (an owner we SIGKILLed leaves
+            # its bwrap to the machine's pid 1, which may reap late).
             continue
         if name in cgroups or (marker is not None and marker in cmdline):
             found.append(f"process {proc.name}: {cmdline!r}")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,71 @@ def test_an_image_is_built_once_cached_by_digest_and_mounted_read_only(tmp_path,
         import shutil
 
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_orphans_are_reaped_by_the_sandbox_init():
+    with Sandbox(SandboxSpec()) as sandbox:
+        result = sandbox.run(
+            [
+                "sh",
+                "-c",
+                "for i in 1 2 3; do (sleep 0.05 &) ; done; sleep 0.5; "
+                "grep -l 'State:.*Z' /proc/[0-9]*/status; echo checked",
+            ]
+        )
+    assert result.stdout == "checked\n"  # no zombie left for grep to list
+
+
+def test_closing_from_another_thread_kills_a_running_command():
+    import threading
+
+    sandbox = Sandbox(SandboxSpec(timeout_s=60)).open()
+    results = []
+    runner = threading.Thread(target=lambda: results.append(sandbox.run(["sleep", "60"])))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not sandbox._require().cgroup.pids() and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    sandbox.close()
+    runner.join(timeout=20)
+    assert not runner.is_alive()
+    assert results and results[0].signal == 9 and not results[0].timed_out
+    assert_nothing_left(sandbox.name)
+
+
+def test_leftovers_of_a_crashed_owner_are_reaped(tmp_path):
+    from sandboxes.janitor import reap_stale
+
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import sys\n"
+        "from sandboxes import Sandbox, SandboxSpec\n"
+        "sandbox = Sandbox(SandboxSpec(timeout_s=60)).open()\n"
+        "print(sandbox.name, flush=True)\n"
+        "sandbox.run(['sleep', '60'])\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert owner.stdout is not None
+    name = owner.stdout.readline().strip()
+    time.sleep(0.5)
+    owner.kill()  # SIGKILL: no chance to clean up
+    owner.wait()
+    deadline = time.monotonic() + 10
+    from tests.sandboxes.conftest import leftovers
+
+    # --die-with-parent: the sandbox's processes die with their owner...
+    while any(item.startswith("process") for item in leftovers(name)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert not any(item.startswith("process") for item in leftovers(name))
+    # ...and the next owner removes its cgroup and work directory.
+    assert leftovers(name), "expected the crashed owner's cgroup and workspace to remain"
+    assert name in reap_stale()
+    assert_nothing_left(name)

@@ -1,0 +1,165 @@
+"""Sandboxes: latency, pool throughput, snapshot/restore — each next to a same-run baseline.
+
+    .venv/bin/python bench/bench_sandboxes.py [--iterations 100] [--pool-runs 256]
+
+1. create + run(["python3", "-c", "pass"]) + destroy, against a bare ``subprocess.run`` of
+   the same command (interleaved, so both see the same load): p50, p99 and the p50 ratio.
+2. ``--pool-runs`` short Python runs through a SandboxPool (one thread per slot): runs/s,
+   failures and leftovers, against the same number of bare runs at the same concurrency.
+3. Snapshot (to a file) and restore (into a new sandbox) of a 10 MB work directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sandboxes import Sandbox, SandboxPool, SandboxSpec, Snapshot  # noqa: E402
+
+COMMAND = ["python3", "-c", "pass"]
+BARE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def bare_run() -> None:
+    subprocess.run(COMMAND, env=BARE_ENV, check=True)
+
+
+def sandbox_run(spec: SandboxSpec) -> None:
+    with Sandbox(spec) as sandbox:
+        result = sandbox.run(COMMAND)
+    if result.exit_code != 0:
+        raise RuntimeError(result)
+
+
+def latency(iterations: int) -> None:
+    spec = SandboxSpec(memory_mb=128, timeout_s=10)
+    for _ in range(5):  # warm caches on both sides
+        bare_run()
+        sandbox_run(spec)
+    bare: list[float] = []
+    boxed: list[float] = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        bare_run()
+        bare.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        sandbox_run(spec)
+        boxed.append(time.perf_counter() - start)
+    b50, b99 = percentile(bare, 50) * 1000, percentile(bare, 99) * 1000
+    s50, s99 = percentile(boxed, 50) * 1000, percentile(boxed, 99) * 1000
+    print(f"latency ({iterations} each, interleaved)")
+    print(f"  bare subprocess.run      p50 {b50:6.1f} ms  p99 {b99:6.1f} ms")
+    print(f"  sandbox create+run+close p50 {s50:6.1f} ms  p99 {s99:6.1f} ms")
+    print(f"  ratio p50 {s50 / b50:.2f}x (aim <= 1.5x), p99 {s99:.1f} ms (aim < 60 ms)")
+
+
+def throughput(runs: int, concurrency: int) -> None:
+    def drive(job, count: int) -> tuple[float, int]:
+        failures = 0
+        lock = threading.Lock()
+        remaining = list(range(count))
+
+        def worker() -> None:
+            nonlocal failures
+            while True:
+                with lock:
+                    if not remaining:
+                        return
+                    remaining.pop()
+                try:
+                    job()
+                except Exception:
+                    with lock:
+                        failures += 1
+
+        threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - start, failures
+
+    spec = SandboxSpec(memory_mb=128, timeout_s=30)
+    pool = SandboxPool(max_active=concurrency)
+
+    def pooled() -> None:
+        result = pool.run(spec, COMMAND)
+        if result.exit_code != 0:
+            raise RuntimeError(result)
+
+    bare_s, bare_failures = drive(bare_run, runs)
+    pool_s, pool_failures = drive(pooled, runs)
+    pool.close()
+    prefix = f"sb-{os.getpid()}-"
+    root = Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))  # noqa: S108
+    leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]
+    print(f"pool ({runs} runs, {concurrency} at a time)")
+    print(f"  bare    {runs / bare_s:7.1f} runs/s  failures {bare_failures}")
+    print(
+        f"  pool    {runs / pool_s:7.1f} runs/s  failures {pool_failures}  "
+        f"leftovers {len(leftovers)}  (aim >= 100 runs/s)"
+    )
+    print(f"  ratio   {bare_s / pool_s:.2f} of bare throughput")
+
+
+def snapshots() -> None:
+    spec = SandboxSpec(memory_mb=128, disk_mb=64)
+    with Sandbox(spec) as sandbox:
+        sandbox.run(
+            [
+                "sh",
+                "-c",
+                "mkdir d && head -c 10485760 /dev/urandom > d/blob && "
+                "for i in $(seq 100); do echo $i > d/f$i; done",
+            ]
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            path = sandbox.snapshot().save(Path(tmp) / "s.snap")
+            saved = time.perf_counter() - start
+            size = path.stat().st_size
+            start = time.perf_counter()
+            with Sandbox.restore(Snapshot.load(path)) as restored:
+                restored_s = time.perf_counter() - start
+                check = restored.run(["sh", "-c", "wc -c < d/blob"]).stdout.strip()
+    copy_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "blob").write_bytes(os.urandom(10 * 2**20))
+    copy_s = time.perf_counter() - copy_start
+    print("snapshot of a 10 MB work dir")
+    print(f"  snapshot+save {saved * 1000:6.1f} ms ({size / 2**20:.1f} MB file)")
+    print(f"  load+restore  {restored_s * 1000:6.1f} ms (new sandbox included; blob {check} B)")
+    print(f"  baseline: writing 10 MB of random bytes to a file {copy_s * 1000:6.1f} ms")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--pool-runs", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=max(2, os.cpu_count() or 1))
+    args = parser.parse_args()
+    print("load:", os.getloadavg(), "cpus:", os.cpu_count())
+    latency(args.iterations)
+    throughput(args.pool_runs, args.concurrency)
+    snapshots()
+    print("load:", os.getloadavg())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
