@@ -1,0 +1,186 @@
+"""Multi-turn tool use with real sandboxes. The control flow is pinned with a scripted policy
+(a fake of the model only); the demo model then runs real episodes through the HF engine."""
+
+import json
+import re
+
+import pytest
+
+from sandboxes import SandboxPool, SandboxSpec
+from tests.training.rollout_fixtures import demo_model_dir  # noqa: F401
+from training.agent import AgentConfig, run_episodes
+from training.demo import get_domain, user_prompt
+from training.rollout import RolloutOutput, SamplingConfig
+from training.rollout.hf import HFEngine
+
+
+class ScriptedPolicy:
+    """Answers each context with the next line of a script chosen by the task's question.
+
+    ``script(context) -> text`` sees the whole context, so a script can react to observations.
+    """
+
+    tokenizer = None
+
+    def __init__(self, script):
+        self.script = script
+        self.policy_version = 5
+        self.calls = []
+
+    def generate(self, prompts, sampling):
+        self.calls.append((list(prompts), sampling))
+        results = []
+        for prompt in prompts:
+            text = self.script(prompt)
+            results.append(
+                [
+                    RolloutOutput(
+                        prompt=prompt,
+                        prompt_token_ids=[1] * len(prompt),
+                        text=text,
+                        token_ids=[2] * len(text),
+                        logprobs=[-0.1] * len(text),
+                        finish_reason="stop",
+                        policy_version=self.policy_version,
+                    )
+                ]
+            )
+        return results
+
+    def update_weights(self, named_tensors, version):
+        self.policy_version = version
+
+    def close(self):
+        pass
+
+
+def _task(question, **metadata):
+    return {
+        "prompt": user_prompt(question),
+        "ground_truth": None,
+        "metadata": {"question": question, "task_id": question, "domain": "t", **metadata},
+    }
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(max_active=2) as pool:
+        yield pool
+
+
+FAST = AgentConfig(tool_timeout_s=3, sandbox=SandboxSpec(memory_mb=128, timeout_s=5))
+
+
+def test_a_tool_call_runs_in_the_sandbox_and_its_output_comes_back(pool):
+    def script(context):
+        if "<|tool|>" not in context:
+            return "Let me compute.<tool>python\nprint(37 * 48)\n</tool>"
+        observed = re.findall(r"<\|tool\|>\n(.*?)<\|end\|>", context, re.S)[-1]
+        return f"\\boxed{{{observed}}}"
+
+    [trajectory] = run_episodes(
+        ScriptedPolicy(script), [_task("37 * 48?")], SamplingConfig(), FAST, pool
+    )
+    assert trajectory.finish_reason == "answer"
+    assert trajectory.completion == "\\boxed{1776}"
+    user, call, tool, answer = trajectory.messages
+    assert user == {"role": "user", "content": "37 * 48?"}
+    assert call["content"] == "Let me compute."
+    [tool_call] = call["tool_calls"]
+    assert tool_call["function"]["name"] == "python"
+    assert json.loads(tool_call["function"]["arguments"]) == {"code": "print(37 * 48)"}
+    assert tool == {"role": "tool", "tool_call_id": tool_call["id"], "content": "1776"}
+    assert answer == {"role": "assistant", "content": "\\boxed{1776}"}
+    [observation] = trajectory.steps[0].observations
+    assert (observation.stdout, observation.exit_code) == ("1776\n", 0)
+    assert trajectory.policy_versions == [5]
+    assert trajectory.sandbox_image is None  # the bare bwrap base, no image
+    json.dumps(trajectory.to_dict())  # a sink can store it as is
+
+
+def test_files_persist_across_turns_and_errors_are_observed(pool):
+    turns = iter(
+        [
+            "<tool>shell\necho 41 > n.txt\n</tool>",
+            "<tool>python\nprint(int(open('n.txt').read()) + 1)\nraise SystemExit(3)\n</tool>",
+            "<tool>python\nundefined_name\n</tool>",
+            "done",
+        ]
+    )
+    [trajectory] = run_episodes(
+        ScriptedPolicy(lambda _: next(turns)), [_task("q")], SamplingConfig(), FAST, pool
+    )
+    tool_messages = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+    assert tool_messages[1] == "42\n[exit 3]"
+    assert "NameError" in tool_messages[2] and tool_messages[2].endswith("[exit 1]")
+    assert trajectory.finish_reason == "answer"
+
+
+def test_hostile_tool_code_times_out_and_the_episode_goes_on(pool):
+    turns = iter(["<tool>python\nwhile True: pass\n</tool>", "gave up"])
+    config = AgentConfig(tool_timeout_s=1, sandbox=SandboxSpec(memory_mb=128, timeout_s=5))
+    [trajectory] = run_episodes(
+        ScriptedPolicy(lambda _: next(turns)), [_task("q")], SamplingConfig(), config, pool
+    )
+    [observation] = trajectory.steps[0].observations
+    assert observation.timed_out
+    assert trajectory.messages[2]["content"].endswith("[timed out]")
+    assert trajectory.completion == "gave up"
+
+
+def test_turn_limit_ends_an_episode_that_never_answers(pool):
+    policy = ScriptedPolicy(lambda _: "<tool>shell\ntrue\n</tool>")
+    [trajectory] = run_episodes(policy, [_task("q", max_turns=2)], SamplingConfig(), FAST, pool)
+    assert trajectory.finish_reason == "max_turns"
+    assert len(trajectory.steps) == 2
+
+
+def test_unknown_tools_get_an_error_observation_without_a_sandbox(pool):
+    turns = iter(["<tool>browser\nopen evil.example\n</tool>", "ok"])
+    [trajectory] = run_episodes(
+        ScriptedPolicy(lambda _: next(turns)), [_task("q")], SamplingConfig(), FAST, pool
+    )
+    assert trajectory.messages[2]["content"] == "[unknown tool 'browser'; tools: python, shell]"
+    assert trajectory.sandbox_image is None
+
+
+def test_episodes_are_batched_and_bounded_by_the_pool(pool):
+    policy = ScriptedPolicy(
+        lambda ctx: "fin" if "<|tool|>" in ctx else "<tool>shell\necho hi\n</tool>"
+    )
+    tasks = [_task(f"q{i}") for i in range(3)]
+    trajectories = run_episodes(policy, tasks, SamplingConfig(n=2), FAST, pool)
+    assert [t.task_id for t in trajectories] == ["q0", "q0", "q1", "q1", "q2", "q2"]
+    assert [t.group_index for t in trajectories] == [0, 1] * 3
+    assert all(t.completion == "fin" and t.num_tool_calls == 1 for t in trajectories)
+    # Never more episodes in one generate call than the pool has sandboxes.
+    assert max(len(prompts) for prompts, _ in policy.calls) == pool.max_active
+    assert all(sampling.n == 1 for _, sampling in policy.calls)
+
+
+def test_the_token_budget_ends_long_episodes(demo_model_dir, pool):  # noqa: F811
+    engine = HFEngine(demo_model_dir)
+    task = get_domain("tool_calc").make_tasks(1, seed=0, split="test")[0]
+    prompt_tokens = len(engine.tokenizer(task["prompt"])["input_ids"])
+    config = AgentConfig(max_total_tokens=prompt_tokens + 4, sandbox=FAST.sandbox)
+    [trajectory] = run_episodes(engine, [task], SamplingConfig(temperature=0), config, pool)
+    assert len(trajectory.steps[0].output.token_ids) <= 4
+    assert trajectory.finish_reason in {"max_tokens", "length"}
+
+
+def test_the_demo_model_calls_the_python_tool_and_answers(demo_model_dir, pool):  # noqa: F811
+    engine = HFEngine(demo_model_dir)
+    tasks = get_domain("tool_calc").make_tasks(4, seed=0, split="test")
+    trajectories = run_episodes(
+        engine, tasks, SamplingConfig(temperature=0), AgentConfig(sandbox=FAST.sandbox), pool
+    )
+    for trajectory in trajectories:
+        first = trajectory.steps[0]
+        assert first.tool_calls, trajectory.messages  # the warm-up taught it the protocol
+        [observation] = first.observations
+        # Whatever it multiplied, the sandbox really ran it.
+        code = json.loads(first.tool_calls[0]["function"]["arguments"])["code"]
+        product = re.fullmatch(r"print\((\d+) \* (\d+)\)", code)
+        if product:
+            assert observation.stdout == f"{int(product[1]) * int(product[2])}\n"
+        assert trajectory.steps[-1].output.policy_version == 0

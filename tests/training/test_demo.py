@@ -1,0 +1,141 @@
+"""Demo domains: deterministic tasks, disjoint splits, rubric specs the rewards library accepts,
+and reference completions that earn full reward under the real rubric."""
+
+import json
+
+import pytest
+
+import rewards
+from tests.training.rollout_fixtures import demo_model_dir  # noqa: F401
+from training.demo import (
+    demo_domains,
+    format_observation,
+    get_domain,
+    parse_tool_calls,
+    render_chat,
+    user_prompt,
+)
+
+ALL_DOMAINS = demo_domains(include_tool_use=True)
+
+
+def test_default_domains_are_single_turn_and_tool_use_is_opt_in():
+    assert [d.name for d in demo_domains()] == ["arithmetic", "json_format", "code"]
+    assert [d.name for d in ALL_DOMAINS][-1] == "tool_calc"
+    assert get_domain("tool_calc").tools == ("python",)
+    with pytest.raises(KeyError, match="no demo domain 'nope'"):
+        get_domain("nope")
+
+
+@pytest.mark.parametrize("domain", ALL_DOMAINS, ids=lambda d: d.name)
+def test_tasks_are_deterministic_in_seed_and_differ_across_seeds(domain):
+    first = domain.make_tasks(20, seed=3, split="train")
+    assert first == domain.make_tasks(20, seed=3, split="train")
+    assert first != domain.make_tasks(20, seed=4, split="train")
+    task = first[0]
+    assert set(task) == {"prompt", "ground_truth", "metadata"}
+    assert task["prompt"] == user_prompt(task["metadata"]["question"])
+    assert task["metadata"]["domain"] == domain.name
+
+
+@pytest.mark.parametrize("domain", ALL_DOMAINS, ids=lambda d: d.name)
+def test_held_out_tasks_never_appear_in_the_train_split(domain):
+    train = {t["metadata"]["task_id"] for t in domain.make_tasks(400, seed=0, split="train")}
+    test = {t["metadata"]["task_id"] for t in domain.make_tasks(100, seed=0, split="test")}
+    assert train and test
+    assert not train & test
+
+
+def test_bad_split_and_count_are_refused():
+    domain = get_domain("arithmetic")
+    with pytest.raises(ValueError, match="split must be one of"):
+        domain.make_tasks(1, split="validation")
+    with pytest.raises(ValueError, match="n must be"):
+        domain.make_tasks(-1)
+
+
+@pytest.mark.parametrize("domain", ALL_DOMAINS, ids=lambda d: d.name)
+def test_rubric_spec_is_valid_for_the_rewards_library(domain):
+    assert rewards.validate_spec(domain.rubric_spec) == []
+
+
+def _final_answer(completion: str) -> str:
+    """The last assistant turn of a reference completion (tool_calc has several turns)."""
+    return completion.split("<|assistant|>\n")[-1].replace("<|end|>", "")
+
+
+@pytest.mark.parametrize("domain", ALL_DOMAINS, ids=lambda d: d.name)
+def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain):
+    rubric = rewards.Rubric.from_spec(domain.rubric_spec)
+    tasks = domain.make_tasks(3, seed=1, split="test")
+    references = [_final_answer(c) for _, c in domain.sft_examples(3, seed=1)]
+    # sft_examples come from the train split; score train references against their own tasks.
+    train_tasks = domain.make_tasks(3, seed=1, split="train")
+    for task, reference in zip(train_tasks, references, strict=True):
+        sample = rewards.Sample(
+            domain=domain.name,
+            prompt=task["prompt"],
+            completion=reference,
+            ground_truth=task["ground_truth"],
+            metadata=task["metadata"],
+        )
+        assert rubric.score(sample).total == pytest.approx(1.0), reference
+    wrong = rewards.Sample(
+        domain=domain.name,
+        prompt=tasks[0]["prompt"],
+        completion="I do not know.",
+        ground_truth=tasks[0]["ground_truth"],
+        metadata=tasks[0]["metadata"],
+    )
+    assert rubric.score(wrong).total == pytest.approx(0.0)
+
+
+def test_json_answer_is_valid_json_with_the_right_total():
+    task = get_domain("json_format").make_tasks(1, seed=0, split="test")[0]
+    answer = json.loads(task["ground_truth"])
+    assert answer["total"] == answer["first"] + answer["second"]
+    assert f"{answer['first']} " in task["metadata"]["question"]
+
+
+def test_chat_rendering_matches_the_tokenizer_chat_template(demo_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
+    messages = [
+        {"role": "user", "content": "Use the python tool to compute 12 * 34."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0_0",
+                    "type": "function",
+                    "function": {
+                        "name": "python",
+                        "arguments": json.dumps({"code": "print(12 * 34)"}),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0_0", "content": "408"},
+    ]
+    ours = render_chat(messages)
+    theirs = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours == theirs
+    assert ours.endswith("<|tool|>\n408<|end|>\n<|assistant|>\n")
+
+
+def test_tool_calls_parse_in_order_and_prose_is_kept():
+    text = "Let me check.<tool>python\nprint(1)\n</tool><tool>shell\necho hi\n</tool>"
+    prose, calls = parse_tool_calls(text)
+    assert prose == "Let me check."
+    assert [(c.name, c.code) for c in calls] == [("python", "print(1)"), ("shell", "echo hi")]
+    assert json.loads(calls[0].to_openai("c")["function"]["arguments"]) == {"code": "print(1)"}
+    assert parse_tool_calls("\\boxed{3}") == ("\\boxed{3}", [])
+
+
+def test_observation_shows_stderr_and_exit_status_only_when_they_matter():
+    assert format_observation("408\n", "", 0) == "408"
+    failed = format_observation("", "NameError: x\n", 1)
+    assert failed == "[stderr]\nNameError: x\n[exit 1]"
+    assert format_observation("", "", None, "timed out") == "[timed out]"
