@@ -57,23 +57,41 @@ def test_missing_fields_are_named() -> None:
     )
     assert found[1] == "missing required field 'ground_truth'"
     assert found[2] == 'needs a "prompt" (text) or "messages" (a list of chat messages)'
-    assert found[3] == "prompt: must not be empty"
+    assert found[3] == "prompt: Expected `str` of length >= 1"
     assert found[4] == "messages[0]: missing required field 'role'"
 
 
 def test_wrong_types_and_unknown_fields_are_explained() -> None:
     found = errors(
-        b'[1, 2]\n{"prompt": 5, "ground_truth": 1}\n{"prompt": "a", "ground_truth": 1, "extra": 1}\n'
+        b'[1, 2]\n{"prompt": 5, "ground_truth": 1}\n'
+        b'{"prompt": "a", "ground_truth": 1, "extra": 1}\n'
         b'{"prompt": "a", "ground_truth": 1, "split": "test"}\n'
     )
-    assert found[1] == "each line must be a JSON object, got list"
-    assert found[2] == "prompt: 5 is not of type 'string'"
-    assert "unknown field(s) 'extra'" in found[3] and "allowed fields:" in found[3]
-    assert found[4].startswith("split:")
+    assert found[1] == "each line must be a JSON object, got an array"
+    assert found[2] == "prompt: Expected `str`, got `int`"
+    assert found[3] == (
+        "unknown field 'extra'; allowed fields: prompt, messages, ground_truth, metadata, split"
+    )
+    assert found[4] == "split: Invalid enum value 'test'"
+
+
+def test_json_that_postgres_cannot_store_is_refused_per_line() -> None:
+    found = errors(
+        b'{"prompt": "a", "ground_truth": NaN}\n'
+        b'{"prompt": "a\\ud800", "ground_truth": 1}\n'
+        b'{"prompt": "a\\u0000b", "ground_truth": 1}\n'
+        b'{"prompt": "a\\\\u0000b", "ground_truth": 1}\n'
+    )
+    assert found[1].startswith("JSON the database cannot store")
+    assert found[2].startswith("JSON the database cannot store")
+    assert found[3] == "contains a NUL character (\\u0000), which cannot be stored"
+    assert 4 not in found  # an escaped backslash followed by "u0000" is ordinary text
 
 
 def test_invalid_utf8_names_the_byte_and_position() -> None:
-    found = errors(b'{"prompt": "ok", "ground_truth": 1}\n{"prompt": "caf\xe9", "ground_truth": 1}\n')
+    found = errors(
+        b'{"prompt": "ok", "ground_truth": 1}\n{"prompt": "caf\xe9", "ground_truth": 1}\n'
+    )
     assert found == {2: "not valid UTF-8 (byte 0xe9 at position 16); task sets must be UTF-8"}
 
 
