@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -38,11 +39,23 @@ def bare_run() -> None:
     subprocess.run(COMMAND, env=BARE_ENV, check=True)
 
 
-def sandbox_run(spec: SandboxSpec) -> None:
+def sandbox_run(spec: SandboxSpec) -> float:
+    """Runs once; returns the CPU seconds the sandbox's cgroup used (bwrap + the command)."""
     with Sandbox(spec) as sandbox:
         result = sandbox.run(COMMAND)
     if result.exit_code != 0:
         raise RuntimeError(result)
+    return result.cpu_s or 0.0
+
+
+def cpu_self() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def latency(iterations: int) -> None:
@@ -52,19 +65,28 @@ def latency(iterations: int) -> None:
         sandbox_run(spec)
     bare: list[float] = []
     boxed: list[float] = []
+    bare_cpu = boxed_cpu = 0.0
     for _ in range(iterations):
-        start = time.perf_counter()
+        start, own, kids = time.perf_counter(), cpu_self(), cpu_children()
         bare_run()
         bare.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        sandbox_run(spec)
+        bare_cpu += cpu_self() - own + cpu_children() - kids
+        start, own = time.perf_counter(), cpu_self()
+        in_cgroup = sandbox_run(spec)
         boxed.append(time.perf_counter() - start)
+        # Host-side Python work plus everything inside the cgroup (bwrap joins it pre-exec).
+        boxed_cpu += cpu_self() - own + in_cgroup
     b50, b99 = percentile(bare, 50) * 1000, percentile(bare, 99) * 1000
     s50, s99 = percentile(boxed, 50) * 1000, percentile(boxed, 99) * 1000
     print(f"latency ({iterations} each, interleaved)")
     print(f"  bare subprocess.run      p50 {b50:6.1f} ms  p99 {b99:6.1f} ms")
     print(f"  sandbox create+run+close p50 {s50:6.1f} ms  p99 {s99:6.1f} ms")
     print(f"  ratio p50 {s50 / b50:.2f}x (aim <= 1.5x), p99 {s99:.1f} ms (aim < 60 ms)")
+    bare_ms, boxed_ms = bare_cpu / iterations * 1000, boxed_cpu / iterations * 1000
+    print(
+        f"  CPU per run (load-independent): bare {bare_ms:.1f} ms, sandbox {boxed_ms:.1f} ms, "
+        f"ratio {boxed_ms / bare_ms:.2f}x"
+    )
 
 
 def throughput(runs: int, concurrency: int) -> None:

@@ -97,6 +97,11 @@ def _etc_files(root: Path, uid: int, gid: int) -> Path:
     return etc
 
 
+@lru_cache(maxsize=8)
+def _base_system_args(root: Path, uid: int, gid: int) -> tuple[str, ...]:
+    return tuple(base_system_args(root, uid, gid))
+
+
 def base_system_args(root: Path, uid: int, gid: int) -> list[str]:
     """Read-only /usr, the usual top-level links into it, and a minimal /etc."""
     args = ["--ro-bind", "/usr", "/usr"]
@@ -262,7 +267,7 @@ class BwrapDriver:
         ]
         if "--disable-userns" in features:
             args.append("--disable-userns")
-        args += base_system_args(self.root, uid, gid)
+        args += _base_system_args(self.root, uid, gid)
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--bind", str(self.workspace.work), WORK_DIR]
         args += ["--bind", str(self.workspace.tmp), TMP_DIR]

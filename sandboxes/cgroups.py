@@ -98,8 +98,17 @@ class CgroupGroup:
         return seen
 
     def pids(self) -> set[int]:
+        # Every process joins all hierarchies at once (before exec), so one list is enough;
+        # pids/memory/freezer first because those are the hierarchies that matter for killing.
+        for controller in ("pids", "memory", "freezer", "unified"):
+            if controller in self.dirs:
+                return self._pids_in([self.dirs[controller] / "cgroup.procs"])
+        return self._pids_in([p / "cgroup.procs" for p in self.dirs.values()])
+
+    @staticmethod
+    def _pids_in(paths: list[Path]) -> set[int]:
         found: set[int] = set()
-        for path in {p / "cgroup.procs" for p in self.dirs.values()}:
+        for path in paths:
             try:
                 found.update(int(x) for x in _read(path).split())
             except FileNotFoundError:

@@ -155,12 +155,14 @@ class OciDriver:
 
     def close(self) -> None:
         self.kill()
-        self.workspace.remove()
+        with self._lock:  # a run in another thread removes its container before returning
+            self.workspace.remove()
 
     def kill(self) -> None:
+        """Kills the running container (its state, OOM included, is read before removal)."""
         current = self._current
         if current is not None:
-            self._engine("rm", "--force", current)
+            self._engine("kill", current)
 
     def write_file(self, path: str, content: str | bytes) -> None:
         self.workspace.write_file(path, content)

@@ -15,6 +15,7 @@ import errno
 import os
 import platform
 import struct
+from functools import lru_cache
 
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000
@@ -69,6 +70,7 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
+@lru_cache(maxsize=2)
 def build_filter(block_ip_sockets: bool) -> bytes:
     machine = platform.machine()
     table = _DENIED_X86_64 if machine == "x86_64" else _DENIED_AARCH64

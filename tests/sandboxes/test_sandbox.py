@@ -131,13 +131,15 @@ def test_writing_more_than_the_disk_through_write_files_fails_cleanly():
 def test_snapshot_to_a_file_and_restore_resume_the_episode(tmp_path):
     with Sandbox(SandboxSpec(memory_mb=64, env={"K": "v"})) as sandbox:
         sandbox.run(["sh", "-c", "mkdir -p a/b && echo state > a/b/s.txt && ln -s b a/link"])
+        stuck = sandbox.run(["sh", "-c", "echo partial > a/p.txt; sleep 60"], timeout=0.3)
+        assert stuck.timed_out  # the episode timed out; its state is still worth saving
         sandbox.cwd = "a"
         path = sandbox.snapshot().save(tmp_path / "episode.snap")
     with Sandbox.restore(Snapshot.load(path)) as restored:
         assert restored.spec.memory_mb == 64 and restored.spec.env == {"K": "v"}
         assert restored.cwd == "/work/a"
-        result = restored.run(["sh", "-c", "cat link/s.txt; echo $K"])
-    assert result.stdout == "state\nv\n"
+        result = restored.run(["sh", "-c", "cat link/s.txt p.txt; echo $K"])
+    assert result.stdout == "state\npartial\nv\n"
     assert_nothing_left(restored.name)
 
 
