@@ -31,7 +31,12 @@ is averaged over ranks (each rank's samples count once).
 
 Saved with checkpoints as one safetensors file (``EWCPenalty.save`` / ``EWCPenalty.load``):
 Fisher and anchor tensors plus the strength and a free-form ``info`` dict (the domains and the
-step the anchor was taken at).
+step the anchor was taken at); or as two ``{name: tensor}`` files (``save_parts`` /
+``from_paths``) for a run spec that names a Fisher file and an anchor file.
+
+Names: a Fisher estimated on a bare LM applies unchanged to the same LM inside
+``CausalLMWithValueHead`` (``lm.`` prefix) or a ``module.`` wrapper, and the other way round;
+any other mismatch is refused with the names shown.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ __all__ = [
     "causal_lm_nll",
     "estimate_fisher",
     "fisher_batches",
+    "load_tensor_dict",
 ]
 
 EWC_FILENAME = "ewc.safetensors"
@@ -222,9 +228,11 @@ class EWCPenalty:
         )
 
     def _matched(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """``(fisher name, model parameter)`` pairs; raises when the model lacks any."""
         params = dict(model.named_parameters())
-        missing = [name for name in self.fisher if name not in params]
-        if missing:
+        resolve = _name_mapping(list(self.fisher), params)
+        if resolve is None:
+            missing = [name for name in self.fisher if name not in params]
             example = next(iter(params), "")
             raise ValueError(
                 f"the model has no parameter(s) {missing[:3]} (of {len(missing)}) that the "
@@ -233,7 +241,7 @@ class EWCPenalty:
             )
         matched = []
         for name in self.fisher:
-            param = params[name]
+            param = params[resolve(name)]
             _check_not_partitioned(name, param)
             if param.shape != self.fisher[name].shape:
                 raise ValueError(
@@ -284,6 +292,33 @@ class EWCPenalty:
         save_file(tensors, str(target), metadata=metadata)
         return target
 
+    def save_parts(self, fisher_path: str | Path, anchor_path: str | Path) -> None:
+        """Writes Fisher and anchor as two ``{name: tensor}`` files (``.safetensors`` by
+        suffix, else ``torch.save``), the layout a run spec's ``ewc`` section points at."""
+        for target, tensors in ((fisher_path, self.fisher), (anchor_path, self.anchor)):
+            data = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+            if Path(target).suffix == ".safetensors":
+                save_file(data, str(target))
+            else:
+                torch.save(data, str(target))
+
+    @classmethod
+    def from_paths(
+        cls,
+        fisher_path: str | Path,
+        anchor_path: str | Path | None,
+        strength: float,
+        *,
+        info: Mapping[str, Any] | None = None,
+    ) -> EWCPenalty:
+        """Builds from a run spec's ``ewc`` section: either one file written by ``save``
+        (``anchor_path`` None or the same path) or two ``{name: tensor}`` files."""
+        if anchor_path is None or Path(anchor_path) == Path(fisher_path):
+            return cls.load(fisher_path, strength=strength)
+        fisher = load_tensor_dict(fisher_path)
+        anchor = load_tensor_dict(anchor_path)
+        return cls(fisher, anchor, strength, info=info)
+
     @classmethod
     def load(cls, path: str | Path, *, strength: float | None = None) -> EWCPenalty:
         """Reads what ``save`` wrote; ``strength`` overrides the saved one."""
@@ -306,6 +341,39 @@ class EWCPenalty:
         saved_strength = float(metadata["strength"])
         info = json.loads(metadata.get("info", "{}"))
         return cls(fisher, anchor, saved_strength if strength is None else strength, info=info)
+
+
+# A Fisher taken on a bare LM and a penalty applied to the same LM inside a wrapper differ only by
+# a prefix: "lm." (CausalLMWithValueHead) or "module." (DistributedDataParallel, a DeepSpeed
+# engine itself). These are the only renamings resolved; anything else is an error.
+_WRAPPER_PREFIXES = ("lm.", "module.", "module.lm.")
+
+
+def _name_mapping(names: list[str], params: Mapping[str, Any]) -> Callable[[str], str] | None:
+    if all(name in params for name in names):
+        return lambda name: name
+    for prefix in _WRAPPER_PREFIXES:
+        if all(prefix + name in params for name in names):
+            return lambda name, prefix=prefix: prefix + name  # type: ignore[misc]
+        if all(name.startswith(prefix) and name[len(prefix) :] in params for name in names):
+            return lambda name, prefix=prefix: name[len(prefix) :]  # type: ignore[misc]
+    return None
+
+
+def load_tensor_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` from a ``.safetensors`` file or a ``torch.save``d dict (loaded with
+    ``weights_only=True``: a checkpoint file is data, never code)."""
+    source = Path(path)
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: no such file")
+    if source.suffix == ".safetensors":
+        return load_file(str(source))
+    loaded = torch.load(str(source), map_location="cpu", weights_only=True)
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
+        raise ValueError(f"{source}: expected a dict of parameter name -> tensor")
+    return loaded
 
 
 def _check_strength(strength: float) -> float:

@@ -228,7 +228,7 @@ def test_bad_penalties_are_refused(tmp_path):
         EWCPenalty({"w": torch.tensor([-1.0, 0.0])}, {"w": torch.zeros(2)}, strength=1.0)
     with pytest.raises(ValueError, match="Fisher shape"):
         EWCPenalty({"w": torch.ones(3)}, {"w": torch.zeros(2)}, strength=1.0)
-    penalty = EWCPenalty({"lm.w": torch.ones(2)}, {"lm.w": torch.zeros(2)}, strength=1.0)
+    penalty = EWCPenalty({"encoder.w": torch.ones(2)}, {"encoder.w": torch.zeros(2)}, strength=1.0)
     with pytest.raises(ValueError, match="same module you penalise"):
         penalty(model)
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
@@ -243,3 +243,37 @@ def test_zero3_partitioned_parameters_are_refused_with_a_clear_message():
     model.w.ds_numel = 2  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="partitioned by ZeRO-3"):
         estimate_fisher(model, [(torch.ones(1, 2), torch.zeros(1))], regression_nll)
+
+
+def test_a_fisher_from_the_bare_lm_applies_to_the_lm_inside_a_value_head_wrapper(tmp_path):
+    lm = tiny_llama()
+    batch = {
+        "input_ids": torch.randint(0, 97, (2, 6)),
+        "labels": torch.randint(0, 97, (2, 6)),
+    }
+    fisher = estimate_fisher(lm, [batch], causal_lm_nll)
+    assert not any(name.startswith("lm.") for name in fisher)
+    penalty = EWCPenalty.from_model(lm, fisher, strength=2.0)
+    wrapped = CausalLMWithValueHead(lm)
+    with torch.no_grad():
+        lm.model.norm.weight.add_(0.5)
+        wrapped.value_head.summary.weight.add_(100.0)  # not in the Fisher: never penalised
+    assert float(penalty(wrapped).detach()) == pytest.approx(float(penalty(lm).detach()))
+    assert float(penalty(lm).detach()) > 0
+
+
+def test_fisher_and_anchor_files_named_by_a_run_spec_load_into_a_penalty(tmp_path):
+    model = Regression([1.0, 2.0])
+    penalty = EWCPenalty.from_model(model, {"w": torch.tensor([1.0, 3.0])}, strength=2.0)
+    for suffix in (".pt", ".safetensors"):
+        fisher_path, anchor_path = tmp_path / f"fisher{suffix}", tmp_path / f"anchor{suffix}"
+        penalty.save_parts(fisher_path, anchor_path)
+        loaded = EWCPenalty.from_paths(fisher_path, anchor_path, strength=2.0)
+        with torch.no_grad():
+            model.w.add_(1.0)
+        assert float(loaded(model).detach()) == pytest.approx(float(penalty(model).detach()))
+    single = penalty.save(tmp_path / "both.safetensors")
+    assert EWCPenalty.from_paths(single, None, strength=5.0).strength == 5.0
+    torch.save({"w": [1, 2]}, tmp_path / "bad.pt")
+    with pytest.raises(Exception):  # noqa: B017 - torch refuses non-tensor payloads or we do
+        EWCPenalty.from_paths(tmp_path / "bad.pt", tmp_path / "anchor.pt", strength=1.0)
