@@ -53,8 +53,11 @@ def sandbox_ids() -> tuple[int | None, int | None]:
     """The uid/gid sandboxes run as: ``SANDBOXES_UID`` (default nobody) when we are root."""
     if os.geteuid() != 0:
         return None, None
-    uid = int(os.environ.get("SANDBOXES_UID", "65534"))
-    gid = int(os.environ.get("SANDBOXES_GID", str(uid)))
+    try:
+        uid = int(os.environ.get("SANDBOXES_UID", "65534"))
+        gid = int(os.environ.get("SANDBOXES_GID", str(uid)))
+    except ValueError as exc:
+        raise SandboxError(f"SANDBOXES_UID/SANDBOXES_GID must be numbers: {exc}") from exc
     return uid, gid
 
 
@@ -178,6 +181,8 @@ class BwrapDriver:
         seccomp_missing = seccomp.supported()
         if seccomp_missing is not None:
             missing["seccomp"] = seccomp_missing
+        if self.uid == 0 or (self.uid is None and os.geteuid() == 0):
+            missing["privilege_drop"] = "SANDBOXES_UID is 0: the sandbox would run as root"
         refused = {d: why for d, why in missing.items() if not self.spec.allows_weaker(d)}
         if refused:
             raise WeakerIsolationError(refused)

@@ -404,6 +404,7 @@ def test_host_loopback_service_is_unreachable():
         server.close()
     assert "refused 111" in result.stdout  # ECONNREFUSED: its own empty loopback
     assert not accepted
+    assert_nothing_left(sandbox.name)
 
 
 def test_symlink_escape_through_read_file_and_write_files_is_refused(tmp_path, canary):
@@ -449,6 +450,6 @@ def test_nothing_of_a_previous_sandbox_is_visible_in_the_next():
     with Sandbox(SandboxSpec()) as second:
         result = second.run(["sh", "-c", "ls -A /work /tmp /dev/shm; cat /work/secret"])
     assert "secret" not in result.stdout
-    assert result.exit_code != 0
+    assert result.exit_code != 0  # cat: no such file
     assert_nothing_left(first.name)
     assert_nothing_left(second.name)

@@ -317,3 +317,12 @@ def test_leftovers_of_a_crashed_owner_are_reaped(tmp_path):
     assert leftovers(name), "expected the crashed owner's cgroup and workspace to remain"
     assert name in reap_stale()
     assert_nothing_left(name)
+
+
+def test_running_as_root_inside_counts_as_a_missing_defence(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("only a root caller chooses the sandbox uid")
+    monkeypatch.setenv("SANDBOXES_UID", "0")
+    with pytest.raises(WeakerIsolationError) as caught:
+        Sandbox(SandboxSpec()).open()
+    assert caught.value.missing == ["privilege_drop"]
