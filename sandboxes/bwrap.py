@@ -272,6 +272,8 @@ class BwrapDriver:
         ]
         if "--disable-userns" in features:
             args.append("--disable-userns")
+        if not (self.root / f"etc-{uid}-{gid}" / "hosts").exists():
+            _base_system_args.cache_clear()  # someone removed the root: write /etc files again
         args += _base_system_args(self.root, uid, gid)
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--bind", str(self.workspace.work), WORK_DIR]

@@ -34,6 +34,9 @@ class Hostile:
     stdin: bytes | None = None
 
 
+HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE = [Path("/usr/evil"), Path("/etc/evil"), Path("/evil")]
+
+
 def _run_hostile(case: Hostile, canary: str) -> None:
     marker = f"hostile-{uuid.uuid4().hex}"
     spec = SandboxSpec(**{"timeout_s": 5, "memory_mb": 128, "pids": 32, **case.spec})
@@ -47,6 +50,7 @@ def _run_hostile(case: Hostile, canary: str) -> None:
         case.check(result)
     assert canary not in result.stdout and canary not in result.stderr
     assert_nothing_left(sandbox.name, marker)
+    assert not any(p.exists() for p in HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE)
 
 
 def _expect(*fragments: str, exit_code: int | None = 0) -> Callable[[ExecResult], None]:
