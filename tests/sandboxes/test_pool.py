@@ -174,3 +174,15 @@ def test_bad_pool_arguments_are_refused():
         SandboxPool(max_active=0)
     with pytest.raises(SandboxError):
         SandboxPool(prewarm=-1)
+
+
+def test_many_async_runs_share_a_small_pool_and_all_complete():
+    pool = SandboxPool(max_active=2)
+
+    async def scenario() -> list[str]:
+        runs = [pool.run_async(None, ["sh", "-c", f"echo {n}"]) for n in range(8)]
+        return [r.stdout for r in await asyncio.gather(*runs)]
+
+    assert asyncio.run(scenario()) == [f"{n}\n" for n in range(8)]
+    assert pool.active == 0
+    assert not sandboxes_of_this_process()

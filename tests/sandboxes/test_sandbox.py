@@ -326,3 +326,20 @@ def test_running_as_root_inside_counts_as_a_missing_defence(monkeypatch):
     with pytest.raises(WeakerIsolationError) as caught:
         Sandbox(SandboxSpec()).open()
     assert caught.value.missing == ["privilege_drop"]
+
+
+def test_callbacks_stream_output_while_the_command_still_runs():
+    # The command waits for a file that only the callback creates, on seeing the first line:
+    # if output were delivered at the end, the command would time out instead.
+    with Sandbox(SandboxSpec(timeout_s=20)) as sandbox:
+
+        def on_stdout(text: str) -> None:
+            if "ready" in text:
+                sandbox.write_files({"go": "1"})
+
+        result = sandbox.run(
+            ["sh", "-c", "echo ready; while [ ! -e go ]; do sleep 0.05; done; echo done"],
+            on_stdout=on_stdout,
+        )
+    assert not result.timed_out
+    assert result.stdout == "ready\ndone\n"
