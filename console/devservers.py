@@ -365,8 +365,9 @@ class ManagedProcess:
     process: subprocess.Popen[bytes]
 
 
-def demo(*, var_dir: Path = DEFAULT_VAR_DIR, port: int | None = None) -> int:
+def demo(*, var_dir: Path | None = None, port: int | None = None) -> int:
     """Everything `make demo` promises, until Ctrl-C; then every process it started stops."""
+    var_dir = var_dir or Path(os.environ.get("CONSOLE_VAR_DIR") or DEFAULT_VAR_DIR)
     port = port or int(os.environ.get("PORT", "8000"))
     python = sys.executable
     services = PrivateServices(var_dir, persistent=True)
@@ -397,7 +398,7 @@ def demo(*, var_dir: Path = DEFAULT_VAR_DIR, port: int | None = None) -> int:
             start(
                 "web",
                 [python, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-                 "--port", str(port), "--ws", "websockets", "--lifespan", "off"],
+                 "--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off"],
                 env,
             )  # fmt: skip
             start(
@@ -412,6 +413,7 @@ def demo(*, var_dir: Path = DEFAULT_VAR_DIR, port: int | None = None) -> int:
                  "-n", f"host@{hostname}", "--concurrency", "1", "-l", "INFO"],
                 env,
             )  # fmt: skip
+            _wait_until_serving(port, processes)
             print(
                 f"\n  Console: http://127.0.0.1:{port}/\n"
                 "  Logins are printed above by seed_demo. Ctrl-C stops everything.\n",
@@ -428,6 +430,9 @@ def demo(*, var_dir: Path = DEFAULT_VAR_DIR, port: int | None = None) -> int:
         return 0
     except subprocess.CalledProcessError as error:
         log(f"{error.cmd[2:]} failed with status {error.returncode}")
+        return 1
+    except ServiceError as error:
+        log(str(error))
         return 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -446,6 +451,26 @@ def demo(*, var_dir: Path = DEFAULT_VAR_DIR, port: int | None = None) -> int:
             log(f"stopped {managed.name} (pid {managed.process.pid})")
         services.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _wait_until_serving(port: int, processes: list[ManagedProcess]) -> None:
+    """Block until the web server answers, so the URL we print works when it appears."""
+    from urllib.error import URLError
+    from urllib.request import urlopen
+
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    url = f"http://127.0.0.1:{port}/accounts/login/"
+    while time.monotonic() < deadline:
+        for managed in processes:
+            if managed.process.poll() is not None:
+                status = managed.process.returncode
+                raise ServiceError(f"{managed.name} exited with status {status}")
+        try:
+            with urlopen(url, timeout=2):  # noqa: S310  (our own server on loopback)
+                return
+        except (URLError, OSError):
+            time.sleep(0.2)
+    raise ServiceError(f"the web server did not answer on port {port} in time")
 
 
 def _port_in_use(port: int) -> bool:

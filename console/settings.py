@@ -31,6 +31,8 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "template_partials",
+    # The project package itself, for its management commands (seed_demo).
+    "console",
     "console.accounts",
     "console.audit",
     "console.registry",

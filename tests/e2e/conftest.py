@@ -115,7 +115,8 @@ def _asgi_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--ws", "websockets", "--lifespan", "off", "--no-access-log"],
+             "--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off",
+             "--no-access-log"],
             cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
