@@ -30,6 +30,8 @@ _RATIO = re.compile(r"^([-+]?\d+)\s*/\s*(\d+)$")
 _SCI_LATEX = re.compile(
     r"^([-+]?\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|x|×|\*)\s*10\s*\^\s*\{?\s*([-+]?\d+)\s*\}?$"
 )
+_SCALE_WORD = re.compile(r"\s+(thousand|million|billion|trillion)s?$", re.I)
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _MINUS = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00a0": " "})
 
 
@@ -55,6 +57,10 @@ def parse_number(text: str, allow_units: bool = True) -> ParsedNumber | None:
         negative, s = True, s[1:].strip()
     s = _CURRENCY.sub("", s)
     s = _CURRENCY_WORDS.sub("", s)
+    scale = 1
+    word = _SCALE_WORD.search(s)
+    if word:
+        scale, s = _SCALES[word.group(1).lower()], s[: word.start()].strip()
     percent = False
     if _PERCENT.search(s):
         percent, s = True, _PERCENT.sub("", s)
@@ -68,6 +74,7 @@ def parse_number(text: str, allow_units: bool = True) -> ParsedNumber | None:
     value = _to_fraction(s)
     if value is None:
         return None
+    value *= scale
     return ParsedNumber(-value if negative else value, percent)
 
 

@@ -45,8 +45,18 @@ class Criterion:
     def check_params(cls, params: dict[str, Any]) -> list[ParamProblem]:
         return []
 
+    @classmethod
+    def references(cls, params: dict[str, Any]) -> list[tuple[str, str]]:
+        """(path below ``params``, criterion name) for each earlier criterion it reads."""
+        return []
+
     def evaluate(self, sample: Sample) -> Outcome:
         raise NotImplementedError
+
+    def evaluate_after(self, sample: Sample, earlier: dict[str, float]) -> Outcome:
+        """Evaluates with the scores of the criteria before it in the rubric (for kinds that
+        depend on another's verdict); most kinds ignore them."""
+        return self.evaluate(sample)
 
     def close(self) -> None:
         """Releases what the criterion holds (a model, a pool); called by ``Rubric.close``."""

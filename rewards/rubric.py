@@ -124,7 +124,7 @@ class Rubric:
         breakdown: dict[str, float] = {}
         details: dict[str, Any] = {}
         for entry in self._entries:
-            score, found = self._evaluate(entry, sample)
+            score, found = self._evaluate(entry, sample, breakdown)
             breakdown[entry.name] = score
             details[entry.name] = found
         total, how = self._aggregate(breakdown)
@@ -163,17 +163,23 @@ class Rubric:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _evaluate(self, entry: _Entry, sample: Sample) -> tuple[float, dict[str, Any]]:
+    def _evaluate(
+        self, entry: _Entry, sample: Sample, earlier: dict[str, float]
+    ) -> tuple[float, dict[str, Any]]:
         criterion = entry.criterion
         started = time.perf_counter()
         try:
             if criterion.uses_sandbox:
                 deadline = entry.timeout_s * SANDBOX_DEADLINE_FACTOR + SANDBOX_DEADLINE_GRACE_S
-                outcome = call_with_deadline(lambda: criterion.evaluate(sample), deadline)
+                outcome = call_with_deadline(
+                    lambda: criterion.evaluate_after(sample, dict(earlier)), deadline
+                )
             elif criterion.blocking:
-                outcome = call_with_deadline(lambda: criterion.evaluate(sample), entry.timeout_s)
+                outcome = call_with_deadline(
+                    lambda: criterion.evaluate_after(sample, dict(earlier)), entry.timeout_s
+                )
             else:
-                outcome = criterion.evaluate(sample)
+                outcome = criterion.evaluate_after(sample, earlier)
             if not isinstance(outcome, Outcome):
                 raise CriterionError(f"returned {type(outcome).__name__}, not an Outcome")
             score, found = float(outcome.score), dict(outcome.details)

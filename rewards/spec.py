@@ -200,6 +200,16 @@ def _criterion_issues(index: int, criterion: dict[str, Any], names: dict[str, in
         problems = []  # the schema errors above already say what is wrong with the types
     for path, message in problems:
         yield SpecIssue(_join(f"{prefix}.params", path), message)
+    try:
+        references = cls.references(params)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        references = []
+    for path, referenced in references:
+        if referenced not in names or names[referenced] >= index:
+            yield SpecIssue(
+                _join(f"{prefix}.params", path),
+                f"must name a criterion listed before this one ({referenced!r} is not)",
+            )
 
 
 def _aggregate_issues(spec: dict[str, Any], names: dict[str, int]):
