@@ -1,3 +1,634 @@
-from ninja import Router
+"""The registry's JSON API, mounted at /api/registry/ (bearer-token auth from console.api).
+
+A token acts as its user in the team it was made for: objects of any other team answer 404,
+annotators may read but get 403 on writes, and requests without a token get 401, the same rules
+as the pages. Writes go through the same services, so they validate and audit identically.
+
+Task sets are uploaded as the raw JSONL request body (`curl --data-binary @tasks.jsonl`), which
+is spooled to a temporary file in chunks with the size limit enforced while reading.
+"""
+
+import datetime as dt
+import tempfile
+from typing import Any, Literal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+from ninja.errors import HttpError
+from ninja.pagination import LimitOffsetPagination, paginate
+
+from console.accounts.models import Membership, Role
+from console.api import api_membership
+from console.registry import selectors, services, specs
+from console.registry.models import (
+    Domain,
+    Rubric,
+    RubricVersion,
+    SandboxImage,
+    SandboxImageVersion,
+)
 
 router = Router(tags=["registry"])
+
+_SPOOL_CHUNK = 64 * 1024
+
+# --- access ---------------------------------------------------------------------------------------
+
+
+def _member(request: HttpRequest, role: str = Role.ANNOTATOR) -> Membership:
+    membership = api_membership(request)
+    if not membership.has_role(role):
+        raise HttpError(403, f"This needs the {Role(role).label.lower()} role")
+    return membership
+
+
+def _domain(request: HttpRequest, domain_id: int, role: str = Role.ANNOTATOR) -> Domain:
+    try:
+        domain = selectors.domain_get(pk=domain_id)
+    except Domain.DoesNotExist:
+        raise HttpError(404, "No such domain") from None
+    # Another team's object does not exist for this token (404 before any role check, so the
+    # answer does not reveal that it exists).
+    if domain.team_id != api_membership(request).team_id:
+        raise HttpError(404, "No such domain")
+    _member(request, role)
+    return domain
+
+
+def _rubric(request: HttpRequest, rubric_id: int, role: str = Role.ANNOTATOR) -> Rubric:
+    try:
+        rubric = selectors.rubric_get(pk=rubric_id)
+    except Rubric.DoesNotExist:
+        raise HttpError(404, "No such rubric") from None
+    if rubric.team_id != api_membership(request).team_id:
+        raise HttpError(404, "No such rubric")
+    _member(request, role)
+    return rubric
+
+
+def _image(request: HttpRequest, image_id: int, role: str = Role.ANNOTATOR) -> SandboxImage:
+    try:
+        image = selectors.sandbox_image_get(pk=image_id)
+    except SandboxImage.DoesNotExist:
+        raise HttpError(404, "No such sandbox image") from None
+    if image.team_id != api_membership(request).team_id:
+        raise HttpError(404, "No such sandbox image")
+    _member(request, role)
+    return image
+
+
+def _team_rubric(membership: Membership, rubric_id: int | None) -> Rubric | None:
+    if rubric_id is None:
+        return None
+    rubric = selectors.rubric_choices(team=membership.team).filter(pk=rubric_id).first()
+    if rubric is None:
+        raise _Invalid({"rubric_id": ["no rubric with this id in your team"]})
+    return rubric
+
+
+def _team_image(membership: Membership, image_id: int | None) -> SandboxImage | None:
+    if image_id is None:
+        return None
+    image = selectors.sandbox_image_choices(team=membership.team).filter(pk=image_id).first()
+    if image is None:
+        raise _Invalid({"sandbox_image_id": ["no sandbox image with this id in your team"]})
+    return image
+
+
+DOMAIN_NULLABLE = ("rubric", "sandbox_image")
+
+
+class _Invalid(Exception):
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = errors
+
+
+def _invalid(error: ValidationError | _Invalid) -> tuple[int, dict[str, Any]]:
+    errors = error.errors if isinstance(error, _Invalid) else error.message_dict
+    return 422, {"detail": "invalid input", "errors": errors}
+
+
+# --- schemas --------------------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    detail: str
+    errors: dict[str, list[str]] = {}
+
+
+class DomainOut(Schema):
+    id: int
+    slug: str
+    title: str
+    description: str
+    default_mix_weight: float
+    rubric_id: int | None
+    sandbox_image_id: int | None
+    taskset_version: int
+    task_count: int
+    held_out_count: int
+    held_out_fraction: float
+    split_seed: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class DomainIn(Schema):
+    slug: str
+    title: str
+    description: str = ""
+    default_mix_weight: float = 1.0
+    rubric_id: int | None = None
+    sandbox_image_id: int | None = None
+
+
+class DomainPatch(Schema):
+    slug: str | None = None
+    title: str | None = None
+    description: str | None = None
+    default_mix_weight: float | None = None
+    rubric_id: int | None = None
+    sandbox_image_id: int | None = None
+
+
+class TaskOut(Schema):
+    index: int
+    line_number: int
+    prompt: str
+    messages: list[dict[str, Any]] | None
+    ground_truth: Any
+    metadata: dict[str, Any]
+    split: str
+
+
+class RowErrorOut(Schema):
+    line: int
+    message: str
+
+
+class UploadOut(Schema):
+    stored: bool
+    valid_rows: int
+    invalid_rows: int
+    held_out: int
+    errors: list[RowErrorOut]
+    more_errors: int
+    file_error: str
+    domain: DomainOut
+
+
+class UploadParams(Schema):
+    held_out_fraction: float = Field(0.1, ge=0, le=1)
+    split_seed: int = 0
+    keep_valid_rows: bool = False
+    filename: str = "tasks.jsonl"
+
+
+class VersionSummary(Schema):
+    number: int
+    status: str
+    created_at: dt.datetime
+    published_at: dt.datetime | None
+
+
+class RubricOut(Schema):
+    id: int
+    slug: str
+    title: str
+    description: str
+    versions: list[VersionSummary]
+
+
+class RubricVersionOut(Schema):
+    rubric_id: int
+    number: int
+    status: str
+    source_format: str
+    source: str
+    spec: dict[str, Any]
+    created_by: str
+    created_at: dt.datetime
+    published_by: str | None
+    published_at: dt.datetime | None
+
+
+class SpecIn(Schema):
+    """Give `source` (the text, kept verbatim) or `spec` (an object, stored as formatted text)."""
+
+    source_format: Literal["json", "yaml"] = "json"
+    source: str | None = None
+    spec: dict[str, Any] | None = None
+
+
+class RubricIn(SpecIn):
+    slug: str
+    title: str
+    description: str = ""
+
+
+class MetaPatch(Schema):
+    slug: str | None = None
+    title: str | None = None
+    description: str | None = None
+
+
+class SandboxValues(Schema):
+    driver: Literal["bwrap", "podman", "docker"] = "bwrap"
+    image_ref: str = ""
+    setup_script: str = ""
+    cpu: float = 1.0
+    memory_mb: int = 1024
+    pids: int = 256
+    disk_mb: int = 1024
+    timeout_s: int = 60
+    network: Literal["none", "loopback"] = "none"
+
+
+class SandboxImageIn(SandboxValues):
+    slug: str
+    title: str
+    description: str = ""
+
+
+class SandboxImageOut(Schema):
+    id: int
+    slug: str
+    title: str
+    description: str
+    versions: list[VersionSummary]
+
+
+class SandboxVersionOut(SandboxValues):
+    image_id: int
+    number: int
+    status: str
+    created_by: str
+    created_at: dt.datetime
+    published_by: str | None
+    published_at: dt.datetime | None
+
+
+def _rubric_version_out(version: RubricVersion) -> dict[str, Any]:
+    return {
+        "rubric_id": version.rubric_id,
+        "number": version.number,
+        "status": version.status,
+        "source_format": version.source_format,
+        "source": version.source,
+        "spec": version.spec,
+        "created_by": version.created_by.get_username(),
+        "created_at": version.created_at,
+        "published_by": version.published_by.get_username() if version.published_by else None,
+        "published_at": version.published_at,
+    }
+
+
+def _sandbox_version_out(version: SandboxImageVersion) -> dict[str, Any]:
+    return {
+        "image_id": version.image_id,
+        "number": version.number,
+        "status": version.status,
+        **{name: getattr(version, name) for name in services.SANDBOX_VERSION_FIELDS},
+        "created_by": version.created_by.get_username(),
+        "created_at": version.created_at,
+        "published_by": version.published_by.get_username() if version.published_by else None,
+        "published_at": version.published_at,
+    }
+
+
+def _spec_source(payload: SpecIn) -> tuple[str, str]:
+    if (payload.source is None) == (payload.spec is None):
+        raise _Invalid({"source": ["give either source (text) or spec (an object)"]})
+    if payload.source is not None:
+        return payload.source, payload.source_format
+    assert payload.spec is not None
+    return specs.render_source(payload.spec, payload.source_format), payload.source_format
+
+
+# --- domains --------------------------------------------------------------------------------------
+
+
+@router.get("/domains", response=list[DomainOut], summary="The team's domains")
+@paginate(LimitOffsetPagination)
+def domain_list(request: HttpRequest, q: str = "") -> Any:
+    return selectors.domain_list(team=_member(request).team, query=q)
+
+
+@router.get("/domains/{domain_id}", response=DomainOut)
+def domain_get(request: HttpRequest, domain_id: int) -> Any:
+    return _domain(request, domain_id)
+
+
+@router.post("/domains", response={201: DomainOut, 422: ErrorOut})
+def domain_create(request: HttpRequest, payload: DomainIn) -> Any:
+    membership = _member(request, Role.RESEARCHER)
+    try:
+        domain = services.domain_create(
+            actor=request.user,
+            team=membership.team,
+            slug=payload.slug,
+            title=payload.title,
+            description=payload.description,
+            default_mix_weight=payload.default_mix_weight,
+            rubric=_team_rubric(membership, payload.rubric_id),
+            sandbox_image=_team_image(membership, payload.sandbox_image_id),
+        )
+    except (ValidationError, _Invalid) as error:
+        return _invalid(error)
+    return 201, domain
+
+
+@router.patch("/domains/{domain_id}", response={200: DomainOut, 422: ErrorOut})
+def domain_update(request: HttpRequest, domain_id: int, payload: DomainPatch) -> Any:
+    domain = _domain(request, domain_id, Role.RESEARCHER)
+    membership = api_membership(request)
+    changes = payload.dict(exclude_unset=True)
+    try:
+        if "rubric_id" in changes:
+            changes["rubric"] = _team_rubric(membership, changes.pop("rubric_id"))
+        if "sandbox_image_id" in changes:
+            changes["sandbox_image"] = _team_image(membership, changes.pop("sandbox_image_id"))
+        if any(value is None for name, value in changes.items() if name not in DOMAIN_NULLABLE):
+            raise _Invalid({name: ["may not be null"] for name, v in changes.items() if v is None})
+        return 200, services.domain_update(actor=request.user, domain=domain, **changes)
+    except (ValidationError, _Invalid) as error:
+        return _invalid(error)
+
+
+@router.get("/domains/{domain_id}/tasks", response=list[TaskOut], summary="Tasks in file order")
+@paginate(LimitOffsetPagination)
+def domain_tasks(
+    request: HttpRequest, domain_id: int, split: Literal["", "train", "held_out"] = ""
+) -> Any:
+    return selectors.domain_tasks(domain=_domain(request, domain_id), split=split)
+
+
+@router.post(
+    "/domains/{domain_id}/tasks",
+    response={200: UploadOut, 413: ErrorOut, 422: UploadOut},
+    summary="Replace the task set with the JSONL request body",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/jsonl": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
+def domain_upload_tasks(request: HttpRequest, domain_id: int, params: Query[UploadParams]) -> Any:
+    domain = _domain(request, domain_id, Role.RESEARCHER)
+    limit = settings.TASKSET_MAX_UPLOAD_BYTES
+    too_big = (
+        413,
+        {
+            "detail": f"the body is larger than the limit of {limit:,} bytes "
+            "(TASKSET_MAX_UPLOAD_BYTES); nothing was stored"
+        },
+    )
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    if declared.isdigit() and int(declared) > limit:
+        return too_big
+    with tempfile.TemporaryFile() as spool:
+        received = 0
+        while chunk := request.read(_SPOOL_CHUNK):
+            received += len(chunk)
+            if received > limit:
+                return too_big
+            spool.write(chunk)
+        spool.seek(0)
+        try:
+            result = services.domain_upload_tasks(
+                actor=request.user,
+                domain=domain,
+                stream=spool,
+                filename=params.filename,
+                held_out_fraction=params.held_out_fraction,
+                split_seed=params.split_seed,
+                keep_valid_rows=params.keep_valid_rows,
+            )
+        except ValidationError as error:
+            return 422, {
+                "stored": False,
+                "valid_rows": 0,
+                "invalid_rows": 0,
+                "held_out": 0,
+                "errors": [],
+                "more_errors": 0,
+                "file_error": "; ".join(error.messages),
+                "domain": domain,
+            }
+    domain.refresh_from_db()
+    body = {
+        "stored": result.stored,
+        "valid_rows": result.valid,
+        "invalid_rows": result.invalid,
+        "held_out": result.held_out,
+        "errors": [{"line": e.line_number, "message": e.message} for e in result.errors],
+        "more_errors": result.more_errors,
+        "file_error": result.file_error,
+        "domain": domain,
+    }
+    return (200 if result.stored else 422), body
+
+
+# --- rubrics --------------------------------------------------------------------------------------
+
+
+def _with_versions(obj: Rubric | SandboxImage) -> dict[str, Any]:
+    return {
+        "id": obj.pk,
+        "slug": obj.slug,
+        "title": obj.title,
+        "description": obj.description,
+        "versions": [
+            {
+                "number": v.number,
+                "status": v.status,
+                "created_at": v.created_at,
+                "published_at": v.published_at,
+            }
+            for v in obj.versions.all()
+        ],
+    }
+
+
+@router.get("/rubrics", response=list[RubricOut], summary="The team's reward rubrics")
+@paginate(LimitOffsetPagination)
+def rubric_list(request: HttpRequest, q: str = "") -> Any:
+    rubrics = selectors.rubric_list(team=_member(request).team, query=q).prefetch_related(
+        "versions"
+    )
+    return [_with_versions(rubric) for rubric in rubrics]
+
+
+@router.get("/rubrics/{rubric_id}", response=RubricOut)
+def rubric_get(request: HttpRequest, rubric_id: int) -> Any:
+    return _with_versions(_rubric(request, rubric_id))
+
+
+@router.post("/rubrics", response={201: RubricOut, 422: ErrorOut}, summary="Create (draft v1)")
+def rubric_create(request: HttpRequest, payload: RubricIn) -> Any:
+    membership = _member(request, Role.RESEARCHER)
+    try:
+        source, source_format = _spec_source(payload)
+        rubric = services.rubric_create(
+            actor=request.user,
+            team=membership.team,
+            slug=payload.slug,
+            title=payload.title,
+            description=payload.description,
+            source=source,
+            source_format=source_format,
+        )
+    except (ValidationError, _Invalid) as error:
+        return _invalid(error)
+    return 201, _with_versions(selectors.rubric_get(pk=rubric.pk))
+
+
+@router.patch("/rubrics/{rubric_id}", response={200: RubricOut, 422: ErrorOut})
+def rubric_update(request: HttpRequest, rubric_id: int, payload: MetaPatch) -> Any:
+    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
+    values = {"slug": rubric.slug, "title": rubric.title, "description": rubric.description}
+    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
+    try:
+        services.rubric_update(actor=request.user, rubric=rubric, **values)
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, _with_versions(selectors.rubric_get(pk=rubric.pk))
+
+
+@router.get("/rubrics/{rubric_id}/versions/{number}", response=RubricVersionOut)
+def rubric_version_get(request: HttpRequest, rubric_id: int, number: int) -> Any:
+    rubric = _rubric(request, rubric_id)
+    try:
+        return _rubric_version_out(selectors.rubric_version_get(rubric=rubric, number=number))
+    except RubricVersion.DoesNotExist:
+        raise HttpError(404, "No such version") from None
+
+
+@router.post(
+    "/rubrics/{rubric_id}/draft",
+    response={200: RubricVersionOut, 422: ErrorOut},
+    summary="Save the draft (a new draft version if the latest is published)",
+)
+def rubric_save_draft(request: HttpRequest, rubric_id: int, payload: SpecIn) -> Any:
+    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
+    try:
+        source, source_format = _spec_source(payload)
+        version = services.rubric_save_draft(
+            actor=request.user, rubric=rubric, source=source, source_format=source_format
+        )
+    except (ValidationError, _Invalid) as error:
+        return _invalid(error)
+    return 200, _rubric_version_out(
+        selectors.rubric_version_get(rubric=rubric, number=version.number)
+    )
+
+
+@router.post(
+    "/rubrics/{rubric_id}/versions/{number}/publish",
+    response={200: RubricVersionOut, 409: ErrorOut, 422: ErrorOut},
+)
+def rubric_version_publish(request: HttpRequest, rubric_id: int, number: int) -> Any:
+    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
+    try:
+        version = selectors.rubric_version_get(rubric=rubric, number=number)
+    except RubricVersion.DoesNotExist:
+        raise HttpError(404, "No such version") from None
+    try:
+        services.rubric_version_publish(actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        return 409, {"detail": str(conflict)}
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, _rubric_version_out(selectors.rubric_version_get(rubric=rubric, number=number))
+
+
+# --- sandbox images -------------------------------------------------------------------------------
+
+
+@router.get("/sandbox-images", response=list[SandboxImageOut], summary="The team's images")
+@paginate(LimitOffsetPagination)
+def sandbox_image_list(request: HttpRequest, q: str = "") -> Any:
+    images = selectors.sandbox_image_list(team=_member(request).team, query=q).prefetch_related(
+        "versions"
+    )
+    return [_with_versions(image) for image in images]
+
+
+@router.get("/sandbox-images/{image_id}", response=SandboxImageOut)
+def sandbox_image_get(request: HttpRequest, image_id: int) -> Any:
+    return _with_versions(_image(request, image_id))
+
+
+@router.post("/sandbox-images", response={201: SandboxImageOut, 422: ErrorOut})
+def sandbox_image_create(request: HttpRequest, payload: SandboxImageIn) -> Any:
+    membership = _member(request, Role.RESEARCHER)
+    values = payload.dict()
+    meta = {name: values.pop(name) for name in ("slug", "title", "description")}
+    try:
+        image = services.sandbox_image_create(
+            actor=request.user, team=membership.team, **meta, **values
+        )
+    except ValidationError as error:
+        return _invalid(error)
+    return 201, _with_versions(selectors.sandbox_image_get(pk=image.pk))
+
+
+@router.patch("/sandbox-images/{image_id}", response={200: SandboxImageOut, 422: ErrorOut})
+def sandbox_image_update(request: HttpRequest, image_id: int, payload: MetaPatch) -> Any:
+    image = _image(request, image_id, Role.RESEARCHER)
+    values = {"slug": image.slug, "title": image.title, "description": image.description}
+    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
+    try:
+        services.sandbox_image_update(actor=request.user, image=image, **values)
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, _with_versions(selectors.sandbox_image_get(pk=image.pk))
+
+
+@router.get("/sandbox-images/{image_id}/versions/{number}", response=SandboxVersionOut)
+def sandbox_image_version_get(request: HttpRequest, image_id: int, number: int) -> Any:
+    image = _image(request, image_id)
+    try:
+        return _sandbox_version_out(selectors.sandbox_image_version_get(image=image, number=number))
+    except SandboxImageVersion.DoesNotExist:
+        raise HttpError(404, "No such version") from None
+
+
+@router.post(
+    "/sandbox-images/{image_id}/draft",
+    response={200: SandboxVersionOut, 422: ErrorOut},
+    summary="Save the draft (a new draft version if the latest is published)",
+)
+def sandbox_image_save_draft(request: HttpRequest, image_id: int, payload: SandboxValues) -> Any:
+    image = _image(request, image_id, Role.RESEARCHER)
+    try:
+        version = services.sandbox_image_save_draft(
+            actor=request.user, image=image, **payload.dict()
+        )
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, _sandbox_version_out(
+        selectors.sandbox_image_version_get(image=image, number=version.number)
+    )
+
+
+@router.post(
+    "/sandbox-images/{image_id}/versions/{number}/publish",
+    response={200: SandboxVersionOut, 409: ErrorOut},
+)
+def sandbox_image_version_publish(request: HttpRequest, image_id: int, number: int) -> Any:
+    image = _image(request, image_id, Role.RESEARCHER)
+    try:
+        version = selectors.sandbox_image_version_get(image=image, number=number)
+    except SandboxImageVersion.DoesNotExist:
+        raise HttpError(404, "No such version") from None
+    try:
+        services.sandbox_image_version_publish(actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        return 409, {"detail": str(conflict)}
+    return 200, _sandbox_version_out(
+        selectors.sandbox_image_version_get(image=image, number=number)
+    )

@@ -3,7 +3,9 @@ same checks and audit path a user's would). Imported by the other test_registry_
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from console.registry import services
@@ -60,3 +62,34 @@ def task_rows(count: int, start: int = 0) -> list[dict[str, Any]]:
         {"prompt": f"What is {n} + {n}?", "ground_truth": str(2 * n), "metadata": {"n": n}}
         for n in range(start, start + count)
     ]
+
+
+@dataclass
+class Registry:
+    """One team's registry: a domain with tasks, a rubric with a published v1 and a draft v2,
+    an image with a draft v1."""
+
+    domain: Domain
+    rubric: Rubric
+    image: SandboxImage
+
+
+def build_registry(people: Any) -> Registry:
+    """Each test module wraps this in a `registry` fixture."""
+    rubric = make_rubric(team=people.team, user=people.owner)
+    services.rubric_version_publish(actor=people.owner, version=rubric.versions.get())
+    services.rubric_save_draft(
+        actor=people.owner, rubric=rubric, source=VALID_YAML, source_format="yaml"
+    )
+    image = make_image(team=people.team, user=people.owner)
+    domain = make_domain(team=people.team, user=people.owner, rubric=rubric, sandbox_image=image)
+    services.domain_upload_tasks(
+        actor=people.owner,
+        domain=domain,
+        stream=io.BytesIO(jsonl(task_rows(30))),
+        filename="t.jsonl",
+        held_out_fraction=0.2,
+        split_seed=0,
+    )
+    domain.refresh_from_db()
+    return Registry(domain=domain, rubric=rubric, image=image)

@@ -36,9 +36,10 @@ from tests.console.factories import (
 from tests.console.test_registry_factories import (
     VALID_SOURCE,
     VALID_YAML,
+    Registry,
+    build_registry,
     jsonl,
     make_domain,
-    make_image,
     make_rubric,
     task_rows,
 )
@@ -47,34 +48,9 @@ pytestmark = pytest.mark.django_db
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
 
-@dataclass
-class Registry:
-    """One team's registry: a domain with tasks, a rubric with a published v1 and a draft v2,
-    an image with a draft v1."""
-
-    domain: Domain
-    rubric: Rubric
-    image: SandboxImage
-
-
 @pytest.fixture
 def registry(people: Any) -> Registry:
-    rubric = make_rubric(team=people.team, user=people.owner)
-    services.rubric_version_publish(actor=people.owner, version=rubric.versions.get())
-    services.rubric_save_draft(
-        actor=people.owner, rubric=rubric, source=VALID_YAML, source_format="yaml"
-    )
-    image = make_image(team=people.team, user=people.owner)
-    domain = make_domain(team=people.team, user=people.owner, rubric=rubric, sandbox_image=image)
-    services.domain_upload_tasks(
-        actor=people.owner,
-        domain=domain,
-        stream=__import__("io").BytesIO(jsonl(task_rows(30))),
-        filename="t.jsonl",
-        held_out_fraction=0.2,
-        split_seed=0,
-    )
-    return Registry(domain=domain, rubric=rubric, image=image)
+    return build_registry(people)
 
 
 def is_login_redirect(response: Any) -> bool:
