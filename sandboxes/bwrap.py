@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sandboxes import seccomp
 from sandboxes.cgroups import CgroupGroup, manager
-from sandboxes.errors import SandboxError, WeakerIsolationError
+from sandboxes.errors import SandboxError, SandboxPathError, WeakerIsolationError
 from sandboxes.result import ExecResult, OutputCallback, StreamCapture
 from sandboxes.spec import TMP_DIR, WORK_DIR, SandboxSpec
 from sandboxes.workspace import Workspace, sandboxes_root
@@ -325,6 +325,8 @@ class BwrapDriver:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> ExecResult:
+        if cwd != IMAGE_DIR and not self.workspace.is_dir(cwd):
+            raise SandboxPathError(f"working directory {cwd!r} is not a directory in the sandbox")
         self._kill_requested = False
         status_read, status_write = os.pipe()
         passed = [status_write]
@@ -359,6 +361,8 @@ class BwrapDriver:
             os.close(status_read)
             for fd in passed:
                 os.close(fd)
+            if self.cgroup is not None and mark is not None:
+                self.cgroup.end_run(mark)  # releases what begin_run holds
             raise SandboxError(f"cannot start bwrap: {exc}") from exc
         for fd in passed:
             os.close(fd)
@@ -378,15 +382,15 @@ class BwrapDriver:
         wall = time.monotonic() - started
         out.finish()
         err.finish()
+        cpu_s = peak = None
+        oom = False
+        if self.cgroup is not None and mark is not None:
+            cpu_s, peak, oom = self.cgroup.end_run(mark)
         if "child-pid" not in status and not timed_out and not self._kill_requested:
             raise SandboxError(
                 f"bwrap could not set up the sandbox (exit {proc.returncode}): "
                 f"{err.text.strip()[-2000:]}"
             )
-        cpu_s = peak = None
-        oom = False
-        if self.cgroup is not None and mark is not None:
-            cpu_s, peak, oom = self.cgroup.end_run(mark)
         code = proc.returncode
         sig: int | None = None
         if code < 0:  # bwrap itself was killed (timeout): report it as a shell would

@@ -28,7 +28,7 @@ import tarfile
 from pathlib import Path
 
 from sandboxes.errors import SandboxError, SandboxPathError
-from sandboxes.spec import relative_sandbox_path
+from sandboxes.spec import TMP_DIR, WORK_DIR, relative_sandbox_path
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -147,6 +147,17 @@ class Workspace:
             raise
         finally:
             os.close(fd)
+
+    def is_dir(self, path: str) -> bool:
+        """True for /work, /tmp or a real directory under them (symlinks are not followed)."""
+        if path.rstrip("/") in (WORK_DIR, TMP_DIR):
+            return True
+        try:
+            fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except (OSError, SandboxPathError):
+            return False
+        os.close(fd)
+        return True
 
     def write_file(self, path: str, content: str | bytes) -> None:
         data = content.encode() if isinstance(content, str) else content

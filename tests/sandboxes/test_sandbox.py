@@ -115,6 +115,8 @@ def test_bad_arguments_are_clear_errors():
             sandbox.write_files({"../x": "y"})
         with pytest.raises(FileNotFoundError):
             sandbox.read_file("missing.txt")
+        with pytest.raises(SandboxPathError, match="not a directory"):
+            sandbox.run(["true"], cwd="/work/missing")
         result = sandbox.run(["/no/such/program"])
         assert result.exit_code != 0 and "no/such/program" in result.stderr
     with pytest.raises(SandboxError):
