@@ -1,0 +1,117 @@
+"""RunSpec: validation names every bad field; the dict round trip is lossless."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training.spec import RunSpec, SpecError
+
+ARITH_RUBRIC = {
+    "version": 1,
+    "criteria": [{"name": "correct", "kind": "math_equivalence", "weight": 1.0, "params": {}}],
+}
+
+
+def minimal_spec(**changes):
+    spec = {
+        "base_model": "var/models/demo",
+        "domains": [
+            {"name": "arithmetic", "rubric_spec": ARITH_RUBRIC, "task_source": {"kind": "demo"}}
+        ],
+    }
+    spec.update(changes)
+    return spec
+
+
+def test_a_minimal_spec_gets_the_documented_defaults():
+    spec = RunSpec.from_dict(minimal_spec())
+    assert spec.algorithm.advantage_estimator == "grpo"
+    assert spec.batch.group_size == 4
+    assert spec.domains[0].weight == 1.0
+    assert spec.checkpoint.resume == "latest"
+
+
+def test_to_dict_then_from_dict_gives_the_same_spec():
+    spec = RunSpec.from_dict(
+        minimal_spec(
+            algorithm={"algorithm": "dapo"},
+            kl={"coef": 0.01},
+            deepspeed={"zero_optimization": {"stage": 2}},
+            checkpoint={"dir": "/tmp/x", "every_steps": 3},
+        )
+    )
+    data = spec.to_dict()
+    json.dumps(data)  # plain JSON
+    assert RunSpec.from_dict(data) == spec
+    assert spec.algorithm.clip_high == 0.28  # the dapo preset was applied
+
+
+def test_every_bad_field_is_named_in_one_error():
+    bad = minimal_spec(
+        lr=-1,
+        max_steps="ten",
+        batch={"group_size": 0, "micro_batch_tokens": 4},
+        sampling={"top_p": 2},
+        deepspeed={"zero_optimization": {"stage": 7}, "train_batch_size": 8},
+        checkpoint={"keep_last": 0, "typo": 1},
+        surprise=True,
+    )
+    bad["domains"].append({"name": "arithmetic", "weight": -2, "rubric_spec": {"criteria": []}})
+    with pytest.raises(SpecError) as caught:
+        RunSpec.from_dict(bad)
+    paths = {error.split(":")[0] for error in caught.value.errors}
+    for expected in (
+        "lr",
+        "max_steps",
+        "batch.group_size",
+        "batch.micro_batch_tokens",
+        "sampling.top_p",
+        "deepspeed.zero_optimization.stage",
+        "deepspeed.train_batch_size",
+        "checkpoint.keep_last",
+        "checkpoint.typo",
+        "surprise",
+        "domains[1].name",
+        "domains[1].weight",
+        "domains[1]",
+    ):
+        assert expected in paths, (expected, caught.value.errors)
+    assert any(p.startswith("domains[1].rubric_spec") for p in paths)
+
+
+def test_a_bad_algorithm_field_is_reported_under_algorithm():
+    with pytest.raises(SpecError) as caught:
+        RunSpec.from_dict(minimal_spec(algorithm={"algorithm": "grpo", "clip_low": 3}))
+    assert any(e.startswith("algorithm:") and "clip_low" in e for e in caught.value.errors)
+
+
+def test_unknown_preset_and_missing_essentials_are_errors():
+    with pytest.raises(SpecError) as caught:
+        RunSpec.from_dict({"algorithm": "nope"})
+    text = str(caught.value)
+    assert "base_model: required" in text
+    assert "domains: required" in text
+    assert "unknown algorithm 'nope'" in text
+
+
+def test_all_zero_weights_are_refused():
+    spec = minimal_spec()
+    spec["domains"][0]["weight"] = 0
+    with pytest.raises(SpecError, match="at least one domain needs a weight > 0"):
+        RunSpec.from_dict(spec)
+
+
+def test_kl_section_folds_into_the_algorithm_config():
+    spec = RunSpec.from_dict(minimal_spec(kl={"coef": 0.05, "estimator": "k1"}))
+    config = spec.algorithm_config()
+    assert config.kl_coef == 0.05 and config.kl_estimator == "k1"
+    assert spec.algorithm_config(kl_coef=0.2).kl_coef == 0.2
+
+
+def test_from_json_file_reports_broken_json(tmp_path):
+    path = tmp_path / "spec.json"
+    path.write_text("{not json")
+    with pytest.raises(SpecError, match="not valid JSON"):
+        RunSpec.from_json_file(path)
