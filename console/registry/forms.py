@@ -22,8 +22,12 @@ class DomainForm(forms.Form):
     default_mix_weight = forms.FloatField(
         min_value=0, initial=1.0, help_text="Share of this domain in a run's mix (≥ 0)."
     )
-    rubric = forms.ModelChoiceField(queryset=None, required=False, empty_label="— none —")
-    sandbox_image = forms.ModelChoiceField(queryset=None, required=False, empty_label="— none —")
+    rubric: forms.ModelChoiceField = forms.ModelChoiceField(
+        queryset=None, required=False, empty_label="— none —"
+    )
+    sandbox_image: forms.ModelChoiceField = forms.ModelChoiceField(
+        queryset=None, required=False, empty_label="— none —"
+    )
 
     def __init__(self, *args: Any, team: Team, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -91,10 +95,12 @@ class SandboxImageMetaForm(forms.Form):
 
 def _limit_field(name: str, label: str, help_text: str, integral: bool = True) -> forms.Field:
     low, high = LIMIT_BOUNDS[name]
-    field_class = forms.IntegerField if integral else forms.FloatField
-    return field_class(
-        label=label, min_value=low, max_value=high, help_text=f"{help_text} ({low:g}–{high:g})"
-    )
+    help_text = f"{help_text} ({low:g}–{high:g})"
+    if integral:
+        return forms.IntegerField(
+            label=label, min_value=int(low), max_value=int(high), help_text=help_text
+        )
+    return forms.FloatField(label=label, min_value=low, max_value=high, help_text=help_text)
 
 
 class SandboxVersionForm(forms.Form):

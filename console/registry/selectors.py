@@ -43,7 +43,9 @@ def domain_tasks(*, domain: Domain, split: str = "") -> QuerySet[Task]:
     return tasks.order_by("index")
 
 
-def _latest_published(model: type, parent_field: str) -> Subquery:
+def _latest_published(
+    model: type[RubricVersion] | type[SandboxImageVersion], parent_field: str
+) -> Subquery:
     return Subquery(
         model.objects.filter(**{parent_field: OuterRef("pk")}, status=VersionStatus.PUBLISHED)
         .order_by("-number")

@@ -304,7 +304,7 @@ def _store_rows(
     read, so memory holds one line at a time, and a 100,000-row file loads in seconds (building
     model instances for bulk_create cost about ten times as much here)."""
     columns = ", ".join(
-        connection.ops.quote_name(Task._meta.get_field(name).column)
+        connection.ops.quote_name(Task._meta.get_field(name).column)  # type: ignore[union-attr, arg-type]
         for name in (
             "domain",
             "index",

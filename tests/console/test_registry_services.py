@@ -392,3 +392,26 @@ def test_sandbox_image_versions_publish_and_redraft_like_rubrics(people: Any) ->
         services.sandbox_image_version_publish(
             actor=people.owner, version=image.versions.get(number=1)
         )
+
+
+# --- the demo seed ------------------------------------------------------------------------------
+
+
+def test_the_demo_seed_is_complete_and_idempotent(people: Any) -> None:
+    from console.registry.demo import HELD_OUT_TASKS, TRAIN_TASKS, seed_registry
+
+    domains = seed_registry(team=people.team, user=people.owner)
+    assert [d.slug for d in domains] == ["arithmetic", "json-format", "code"]
+    for domain in domains:
+        assert domain.task_count == TRAIN_TASKS + HELD_OUT_TASKS
+        assert domain.held_out_count == HELD_OUT_TASKS
+        assert domain.sandbox_image is not None
+        assert domain.sandbox_image.versions.get().status == VersionStatus.PUBLISHED
+    with_rubric = [d for d in domains if d.rubric is not None]
+    assert {d.slug for d in with_rubric} >= {"arithmetic", "json-format"}
+    for domain in with_rubric:
+        assert domain.rubric.versions.get().status == VersionStatus.PUBLISHED
+    entries = AuditEntry.objects.count()
+    again = seed_registry(team=people.team, user=people.owner)
+    assert [d.pk for d in again] == [d.pk for d in domains]
+    assert AuditEntry.objects.count() == entries
