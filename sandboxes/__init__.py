@@ -28,6 +28,10 @@ What a ``bwrap`` sandbox sees (the default driver):
 
 Limits: memory, pids and CPU quota through a cgroup per sandbox (v1 or v2); disk through the
 tmpfs size and inode count; RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_CORE=0 as a second fence.
+Files in /work and /tmp are tmpfs pages, i.e. memory charged to the sandbox, so the sandbox's
+cgroup allows ``memory_mb + disk_mb`` in all while each run's processes sit in a child cgroup
+of ``memory_mb`` (what a run writes counts there too; files kept from earlier runs do not).
+``pids`` counts bwrap's own two processes as well as the command's.
 A sandbox whose machine lacks one of these refuses to start unless the spec's
 ``allow_weaker`` names it (``WeakerIsolationError`` says which).
 """

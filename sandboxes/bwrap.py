@@ -170,6 +170,7 @@ class BwrapDriver:
         self._args: list[str] = []
         self._seccomp: bytes | None = None
         self._kill_requested = False
+        self._runs = 0
         self._lock = threading.Lock()
         self._running: subprocess.Popen[bytes] | None = None
 
@@ -189,8 +190,12 @@ class BwrapDriver:
         try:
             self.cgroup = cgroups.create(self.name)
             if self.cgroup is not None:
+                # Files on the work tmpfs are memory charged to the sandbox: the total is
+                # processes + files; each run's processes alone get memory_mb (see RunMark).
                 self.cgroup.set_limits(
-                    memory_mb=self.spec.memory_mb, pids=self.spec.pids, cpu=self.spec.cpu
+                    memory_mb=self.spec.memory_mb + self.spec.disk_mb,
+                    pids=self.spec.pids,
+                    cpu=self.spec.cpu,
                 )
             disk_missing = self.workspace.create()
             if disk_missing is not None:
@@ -328,6 +333,10 @@ class BwrapDriver:
         if cwd != IMAGE_DIR and not self.workspace.is_dir(cwd):
             raise SandboxPathError(f"working directory {cwd!r} is not a directory in the sandbox")
         self._kill_requested = False
+        self._runs += 1
+        mark = None
+        if self.cgroup is not None:
+            mark = self.cgroup.begin_run(f"run-{self._runs}", self.spec.memory_mb)
         status_read, status_write = os.pipe()
         passed = [status_write]
         args = [*self._args, "--chdir", cwd, "--json-status-fd", str(status_write)]
@@ -341,8 +350,7 @@ class BwrapDriver:
             (resource.RLIMIT_NOFILE, self.spec.open_files),
             (resource.RLIMIT_FSIZE, self.spec.disk_mb * 1024 * 1024),
         ]
-        procs_paths = self.cgroup.procs_paths if self.cgroup is not None else []
-        mark = self.cgroup.begin_run() if self.cgroup is not None else None
+        procs_paths = mark.procs_paths if mark is not None else []
         data = stdin.encode() if isinstance(stdin, str) else stdin
         limit = self.spec.output_limit_bytes
         out, err = StreamCapture(limit, on_stdout), StreamCapture(limit, on_stderr)

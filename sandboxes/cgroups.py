@@ -73,11 +73,47 @@ def cgroup_mounts() -> tuple[dict[str, Path], Path | None]:
 
 @dataclass
 class RunMark:
-    """Counters read when a run starts, so its end can report only that run's usage."""
+    """One run's own memory cgroup and the sandbox counters read when it started.
 
+    Each run gets a child memory cgroup limited to ``memory_mb``; the sandbox's group is
+    limited to ``memory_mb + disk_mb``. Files in /work and /tmp live on a tmpfs whose pages
+    are charged to the cgroup of the process that wrote them, so without the child a sandbox
+    whose files filled ``memory_mb`` could never run anything again. With it, a run's
+    processes (and what that run writes) stay within ``memory_mb``, files kept from earlier
+    runs count only against the sandbox's total, and peak/OOM figures are the run's alone.
+    """
+
+    procs_paths: list[bytes]
+    child: Path | None
     cpu_ns: int | None
-    oom_kills: int | None
-    peak_fd: int | None = None
+    sandbox_oom_kills: int | None
+
+
+def _stat_value(path: Path, key: str) -> int | None:
+    try:
+        text = _read(path)
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return None
+
+
+def _rmdir_patiently(path: Path, deadline: float) -> None:
+    delay = 0.0005
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise SandboxError(f"cannot remove cgroup {path}: {exc}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
 
 class CgroupGroup:
@@ -87,30 +123,23 @@ class CgroupGroup:
     dirs: dict[str, Path]
     can_kill_atomically: bool
 
-    @property
-    def procs_paths(self) -> list[bytes]:
-        """The ``cgroup.procs`` files a new process writes itself into (deduplicated)."""
-        seen: list[bytes] = []
-        for path in self.dirs.values():
-            encoded = os.fsencode(path / "cgroup.procs")
-            if encoded not in seen:
-                seen.append(encoded)
-        return seen
-
     def pids(self) -> set[int]:
-        # Every process joins all hierarchies at once (before exec), so one list is enough;
-        # pids/memory/freezer first because those are the hierarchies that matter for killing.
-        for controller in ("pids", "memory", "freezer", "unified"):
+        """Every process in the group, runs' child groups included."""
+        # Processes join all hierarchies at once (before exec), so one hierarchy is enough.
+        for controller in ("pids", "freezer", "memory", "unified"):
             if controller in self.dirs:
-                return self._pids_in([self.dirs[controller] / "cgroup.procs"])
-        return self._pids_in([p / "cgroup.procs" for p in self.dirs.values()])
+                return self._pids_below(self.dirs[controller])
+        return set()
 
     @staticmethod
-    def _pids_in(paths: list[Path]) -> set[int]:
+    def _pids_below(path: Path) -> set[int]:
         found: set[int] = set()
-        for path in paths:
+        candidates = [path]
+        with contextlib.suppress(FileNotFoundError):
+            candidates += [p for p in path.iterdir() if p.is_dir()]
+        for directory in candidates:
             try:
-                found.update(int(x) for x in _read(path).split())
+                found.update(int(x) for x in _read(directory / "cgroup.procs").split())
             except FileNotFoundError:
                 continue
         return found
@@ -118,11 +147,11 @@ class CgroupGroup:
     def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
         raise NotImplementedError
 
-    def begin_run(self) -> RunMark:
+    def begin_run(self, name: str, memory_mb: int) -> RunMark:
         raise NotImplementedError
 
     def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
-        """Returns (CPU seconds, peak memory MB, OOM-killed) for the run since ``mark``."""
+        """After the run's processes are gone: (CPU s, peak MB, OOM-killed); removes its child."""
         raise NotImplementedError
 
     def _kill_atomically(self) -> None:
@@ -149,23 +178,14 @@ class CgroupGroup:
             delay = min(delay * 2, 0.02)
 
     def remove(self, timeout: float = 10.0) -> None:
-        """Kills what is left, then removes the group's directories."""
+        """Kills what is left, then removes the group's directories (children first)."""
         self.kill_all(timeout)
         deadline = time.monotonic() + timeout
         for path in self.dirs.values():
-            delay = 0.0005
-            while True:
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                        raise SandboxError(f"cannot remove cgroup {path}: {exc}") from exc
-                    self.kill_all(timeout)
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.02)
+            with contextlib.suppress(FileNotFoundError):
+                for child in [p for p in path.iterdir() if p.is_dir()]:
+                    _rmdir_patiently(child, deadline)
+            _rmdir_patiently(path, deadline)
 
 
 class CgroupV1Group(CgroupGroup):
@@ -175,46 +195,55 @@ class CgroupV1Group(CgroupGroup):
         self.dirs = dirs
         self.can_kill_atomically = "freezer" in dirs
 
+    @staticmethod
+    def _limit_memory(directory: Path, memory_mb: int) -> None:
+        limit = str(memory_mb * 1024 * 1024)
+        _write(directory / "memory.limit_in_bytes", limit)
+        swap_limit = directory / "memory.memsw.limit_in_bytes"
+        if swap_limit.exists():  # memory+swap equal to memory: no swapping out of the limit
+            _write(swap_limit, limit)
+
     def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
         if memory_mb is not None and "memory" in self.dirs:
-            limit = str(memory_mb * 1024 * 1024)
-            _write(self.dirs["memory"] / "memory.limit_in_bytes", limit)
-            swap_limit = self.dirs["memory"] / "memory.memsw.limit_in_bytes"
-            if swap_limit.exists():  # memory+swap equal to memory: no swapping out of the limit
-                _write(swap_limit, limit)
+            self._limit_memory(self.dirs["memory"], memory_mb)
         if pids is not None and "pids" in self.dirs:
             _write(self.dirs["pids"] / "pids.max", str(pids))
         if cpu is not None and "cpu" in self.dirs:
             _write(self.dirs["cpu"] / "cpu.cfs_period_us", str(_PERIOD_US))
             _write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(max(1000, int(cpu * _PERIOD_US))))
 
-    def _oom_kills(self) -> int | None:
-        if "memory" not in self.dirs:
-            return None
-        for line in _read(self.dirs["memory"] / "memory.oom_control").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return None
-
     def _cpu_ns(self) -> int | None:
         if "cpuacct" not in self.dirs:
             return None
         return int(_read(self.dirs["cpuacct"] / "cpuacct.usage"))
 
-    def begin_run(self) -> RunMark:
+    def begin_run(self, name: str, memory_mb: int) -> RunMark:
+        child = None
+        paths = []
+        for controller, directory in self.dirs.items():
+            if controller == "memory":
+                child = directory / name
+                child.mkdir()
+                self._limit_memory(child, memory_mb)
+                directory = child
+            paths.append(os.fsencode(directory / "cgroup.procs"))
+        sandbox_oom = None
         if "memory" in self.dirs:
-            _write(self.dirs["memory"] / "memory.max_usage_in_bytes", "0")
-        return RunMark(cpu_ns=self._cpu_ns(), oom_kills=self._oom_kills())
+            sandbox_oom = _stat_value(self.dirs["memory"] / "memory.oom_control", "oom_kill")
+        return RunMark(paths, child, self._cpu_ns(), sandbox_oom)
 
     def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
         cpu_ns = self._cpu_ns()
         cpu_s = None if cpu_ns is None or mark.cpu_ns is None else (cpu_ns - mark.cpu_ns) / 1e9
         peak = None
-        if "memory" in self.dirs:
-            peak = int(_read(self.dirs["memory"] / "memory.max_usage_in_bytes")) / 2**20
-        oom = self._oom_kills()
-        oom_killed = oom is not None and mark.oom_kills is not None and oom > mark.oom_kills
+        oom_killed = False
+        if mark.child is not None:
+            peak = int(_read(mark.child / "memory.max_usage_in_bytes")) / 2**20
+            oom_killed = bool(_stat_value(mark.child / "memory.oom_control", "oom_kill"))
+            _rmdir_patiently(mark.child, time.monotonic() + 10)
+        if "memory" in self.dirs and mark.sandbox_oom_kills is not None:
+            now = _stat_value(self.dirs["memory"] / "memory.oom_control", "oom_kill")
+            oom_killed = oom_killed or (now is not None and now > mark.sandbox_oom_kills)
         return cpu_s, peak, oom_killed
 
     def _kill_atomically(self) -> None:
@@ -240,59 +269,49 @@ class CgroupV2Group(CgroupGroup):
             path / "cgroup.freeze"
         ).exists()
 
-    def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
+    @staticmethod
+    def _limit_memory(directory: Path, memory_mb: int) -> None:
         # A controller the manager found missing has no files here (and allow_weaker said so).
-        if memory_mb is not None and (self.path / "memory.max").exists():
-            _write(self.path / "memory.max", str(memory_mb * 1024 * 1024))
-            if (self.path / "memory.swap.max").exists():
-                _write(self.path / "memory.swap.max", "0")
+        if (directory / "memory.max").exists():
+            _write(directory / "memory.max", str(memory_mb * 1024 * 1024))
+            if (directory / "memory.swap.max").exists():
+                _write(directory / "memory.swap.max", "0")
+
+    def set_limits(self, *, memory_mb: int | None, pids: int | None, cpu: float | None) -> None:
+        if memory_mb is not None:
+            self._limit_memory(self.path, memory_mb)
         if pids is not None and (self.path / "pids.max").exists():
             _write(self.path / "pids.max", str(pids))
         if cpu is not None and (self.path / "cpu.max").exists():
             _write(self.path / "cpu.max", f"{max(1000, int(cpu * _PERIOD_US))} {_PERIOD_US}")
+        if "memory" in _read(self.path / "cgroup.controllers").split():
+            _write(self.path / "cgroup.subtree_control", "+memory")  # each run's own limit
 
-    def _stat(self, filename: str, key: str) -> int | None:
-        try:
-            text = _read(self.path / filename)
-        except FileNotFoundError:
-            return None
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
-                return int(value)
-        return None
-
-    def begin_run(self) -> RunMark:
-        peak_fd = None
-        try:
-            peak_fd = os.open(self.path / "memory.peak", os.O_RDWR)
-            # Linux >= 6.12 resets the peak seen through this descriptor; older kernels refuse
-            # and the reading falls back to the group's lifetime peak.
-            os.write(peak_fd, b"reset\n")
-        except OSError:
-            pass
-        return RunMark(
-            cpu_ns=None if (u := self._stat("cpu.stat", "usage_usec")) is None else u * 1000,
-            oom_kills=self._stat("memory.events", "oom_kill"),
-            peak_fd=peak_fd,
-        )
+    def begin_run(self, name: str, memory_mb: int) -> RunMark:
+        child = self.path / name
+        child.mkdir()
+        self._limit_memory(child, memory_mb)
+        sandbox_oom = _stat_value(self.path / "memory.events", "oom_kill")
+        # A fresh child: its cpu.stat and memory.peak count this run only.
+        return RunMark([os.fsencode(child / "cgroup.procs")], child, 0, sandbox_oom)
 
     def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
-        usage = self._stat("cpu.stat", "usage_usec")
-        cpu_s = None if usage is None or mark.cpu_ns is None else (usage * 1000 - mark.cpu_ns) / 1e9
+        assert mark.child is not None
+        usage = _stat_value(mark.child / "cpu.stat", "usage_usec")
+        cpu_s = None if usage is None else usage / 1e6
         peak = None
-        if mark.peak_fd is not None:
-            try:
-                peak = int(os.pread(mark.peak_fd, 64, 0).split()[0]) / 2**20
-            finally:
-                os.close(mark.peak_fd)
-        oom = self._stat("memory.events", "oom_kill")
-        oom_killed = oom is not None and mark.oom_kills is not None and oom > mark.oom_kills
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            peak = int(_read(mark.child / "memory.peak").split()[0]) / 2**20
+        oom_killed = bool(_stat_value(mark.child / "memory.events", "oom_kill"))
+        now = _stat_value(self.path / "memory.events", "oom_kill")
+        if now is not None and mark.sandbox_oom_kills is not None:
+            oom_killed = oom_killed or now > mark.sandbox_oom_kills
+        _rmdir_patiently(mark.child, time.monotonic() + 10)
         return cpu_s, peak, oom_killed
 
     def _kill_atomically(self) -> None:
         if (self.path / "cgroup.kill").exists():
-            _write(self.path / "cgroup.kill", "1")
+            _write(self.path / "cgroup.kill", "1")  # kills the whole subtree
             return
         _write(self.path / "cgroup.freeze", "1")
         deadline = time.monotonic() + 2.0

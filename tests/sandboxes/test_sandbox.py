@@ -345,3 +345,16 @@ def test_callbacks_stream_output_while_the_command_still_runs():
         )
     assert not result.timed_out
     assert result.stdout == "ready\ndone\n"
+
+
+def test_files_kept_from_earlier_runs_do_not_starve_later_runs():
+    # The work tmpfs is memory charged to the sandbox; each run has its own memory_mb limit.
+    with Sandbox(SandboxSpec(memory_mb=32, disk_mb=128)) as sandbox:
+        for name in "abc":
+            step = sandbox.run(["sh", "-c", f"head -c 20000000 /dev/zero > {name}; echo ok"])
+            assert step.stdout == "ok\n" and not step.oom_killed
+        fits = sandbox.run(["python3", "-c", "x = bytearray(16 * 2**20); print('fits')"])
+        too_big = sandbox.run(["python3", "-c", "x = bytearray(48 * 2**20); print('no')"])
+    assert fits.stdout == "fits\n" and not fits.oom_killed
+    assert too_big.oom_killed and too_big.stdout == ""
+    assert too_big.peak_memory_mb is not None and too_big.peak_memory_mb <= 32 + 1
