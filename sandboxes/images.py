@@ -171,6 +171,7 @@ def build_image(image: ImageSpec) -> BuiltImage:
         cache.mkdir(parents=True, exist_ok=True)
         os.chmod(cache, 0o711)  # noqa: S103 - sandboxes must reach their image
         final = cache / digest.replace(":", "-")
+        _remove_abandoned_builds(cache)
         with open(cache / f"{final.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per digest across processes
             if not (final / ".complete").exists():
@@ -240,6 +241,15 @@ def _build_into(image: ImageSpec, digest: str, cache: Path, final: Path) -> None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _remove_abandoned_builds(cache: Path) -> None:
+    """Staging dirs ``build-<pid>-...`` of builders that died mid-build."""
+    from sandboxes.janitor import owner_alive
+
+    for entry in cache.iterdir():
+        if entry.name.startswith("build-") and not owner_alive(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

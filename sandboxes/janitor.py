@@ -17,9 +17,10 @@ _done = False
 _lock = threading.Lock()
 
 
-def _owner_alive(name: str) -> bool:
+def owner_alive(name: str) -> bool:
+    """For ``sb-<pid>-...`` / ``build-<pid>-...`` names: is that owner still running?"""
     parts = name.split("-")
-    if len(parts) < 3 or parts[0] not in ("sb", "img") or not parts[1].isdigit():
+    if len(parts) < 3 or parts[0] not in ("sb", "build") or not parts[1].isdigit():
         return True  # not ours: never touch it
     pid = int(parts[1])
     if pid == os.getpid():
@@ -37,7 +38,7 @@ def reap_stale() -> list[str]:
     """Removes the leftovers of dead owners; returns the names it removed."""
     reaped: list[str] = []
     for name, group in manager().existing_groups().items():
-        if not _owner_alive(name):
+        if not owner_alive(name):
             try:
                 group.remove()
                 reaped.append(name)
@@ -46,7 +47,7 @@ def reap_stale() -> list[str]:
     root = sandboxes_root()
     if root.is_dir():
         for entry in root.iterdir():
-            if entry.name.startswith("sb-") and not _owner_alive(entry.name):
+            if entry.name.startswith("sb-") and not owner_alive(entry.name):
                 try:
                     Workspace(root, entry.name, 1, None, None).remove()
                     if entry.name not in reaped:

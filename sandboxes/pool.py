@@ -192,7 +192,10 @@ class SandboxPool:
                 if not granted.done():
                     granted.set_result(None)
 
-            loop.call_soon_threadsafe(grant)
+            try:
+                loop.call_soon_threadsafe(grant)
+            except RuntimeError:  # the waiter's event loop is gone: pass the slot on
+                self._cancel(ticket)
 
         ticket = self._enqueue(on_grant)
         try:
