@@ -358,3 +358,36 @@ def test_files_kept_from_earlier_runs_do_not_starve_later_runs():
     assert fits.stdout == "fits\n" and not fits.oom_killed
     assert too_big.oom_killed and too_big.stdout == ""
     assert too_big.peak_memory_mb is not None and too_big.peak_memory_mb <= 32 + 1
+
+
+def test_cli_copies_files_feeds_stdin_and_reports_the_machine(tmp_path):
+    host_file = tmp_path / "prog.py"
+    host_file.write_text("import sys; print(sys.stdin.read().strip() + '!')")
+    stdin = tmp_path / "in.txt"
+    stdin.write_text("hello")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandboxes",
+            "run",
+            "--file",
+            f"src/prog.py={host_file}",
+            "--stdin",
+            str(stdin),
+            "--",
+            "python3",
+            "src/prog.py",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["stdout"] == "hello!\n"
+    check = subprocess.run(
+        [sys.executable, "-m", "sandboxes", "check"], capture_output=True, text=True, check=True
+    )
+    report = json.loads(check.stdout)
+    assert report["cgroup_version"] in (1, 2)
+    assert set(report["defences"]) >= {"cgroup_memory", "disk_limit", "seccomp"}
