@@ -6,6 +6,7 @@ cannot clean up; the next process to open a sandbox does it instead, once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -64,4 +65,6 @@ def reap_once() -> None:
     with _lock:
         if not _done:
             _done = True
-            reap_stale()
+            # Best effort: a leftover we cannot remove must not stop a new sandbox.
+            with contextlib.suppress(OSError, SandboxError):
+                reap_stale()
