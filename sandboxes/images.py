@@ -44,6 +44,7 @@ class ImageSpec:
     network: str = "none"
     build_timeout_s: float = 600.0
     build_memory_mb: int = 2048
+    _digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         errors: dict[str, str] = {}
@@ -73,7 +74,8 @@ class ImageSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ImageSpec:
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        known = {name for name, f in cls.__dataclass_fields__.items() if f.init}
+        unknown = sorted(set(data) - known)
         if unknown:
             raise SandboxSpecError({f"image.{k}": "unknown field" for k in unknown})
         values = dict(data)
@@ -99,7 +101,12 @@ class ImageSpec:
         }
 
     def digest(self) -> str:
-        """sha256 of everything that decides the image's contents (not its name)."""
+        """sha256 of everything that decides the image's contents (not its name).
+
+        Computed once per object: an image's files can be large and every sandbox start asks.
+        """
+        if self._digest is not None:
+            return self._digest
         inputs = {
             "base": base_system_identity(),
             "setup": self.setup,
@@ -111,7 +118,9 @@ class ImageSpec:
             "network": self.network,
         }
         raw = json.dumps(inputs, sort_keys=True).encode()
-        return "sha256:" + hashlib.sha256(raw).hexdigest()
+        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+        object.__setattr__(self, "_digest", digest)
+        return digest
 
 
 @dataclass(frozen=True)
