@@ -10,12 +10,25 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from rewards.types import Outcome, Sample
 
+if TYPE_CHECKING:
+    from rewards.sandboxing import ScoringState
+
 ParamProblem = tuple[str, str]
 """A problem with a criterion's parameters: (path below ``params``, message)."""
+
+
+class ParamsError(Exception):
+    """Raised by a criterion's constructor for a parameter that only fails when used (a
+    dotted path that does not import); `Rubric.from_spec` turns it into a `SpecIssue`."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
 
 
 class Criterion:
@@ -35,6 +48,8 @@ class Criterion:
     blocking: ClassVar[bool] = False
     # Kinds that run code in a sandbox; the rubric provides them one through `context`.
     uses_sandbox: ClassVar[bool] = False
+    # Sandboxed kinds that need coverage.py or ruff inside the sandbox (the tools image).
+    needs_tools: ClassVar[bool] = False
     default_timeout_s: ClassVar[float] = 10.0
 
     def __init__(self, params: dict[str, Any], context: CriterionContext) -> None:
@@ -53,9 +68,10 @@ class Criterion:
     def evaluate(self, sample: Sample) -> Outcome:
         raise NotImplementedError
 
-    def evaluate_after(self, sample: Sample, earlier: dict[str, float]) -> Outcome:
-        """Evaluates with the scores of the criteria before it in the rubric (for kinds that
-        depend on another's verdict); most kinds ignore them."""
+    def judge(self, sample: Sample, state: ScoringState) -> Outcome:
+        """What the rubric calls. ``state`` holds the scores of the criteria before this one
+        (``state.earlier``) and the sample's sandbox (``state.sandbox()``); kinds that need
+        neither just implement `evaluate`."""
         return self.evaluate(sample)
 
     def close(self) -> None:

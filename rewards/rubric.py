@@ -7,13 +7,15 @@ import math
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rewards.registry import Criterion, CriterionContext, kind_class
-from rewards.spec import raise_for_spec
+from rewards.registry import Criterion, CriterionContext, ParamsError, kind_class
+from rewards.sandboxing import CodeSandboxes, ScoringState
+from rewards.spec import RubricSpecError, SpecIssue, raise_for_spec
 from rewards.types import CriterionError, Outcome, RewardResult, Sample
 
 T = TypeVar("T")
@@ -67,6 +69,12 @@ class Rubric:
     def __init__(self, spec: dict[str, Any], entries: list[_Entry]) -> None:
         self.spec = spec
         self._entries = entries
+        sandboxed = [e.criterion for e in entries if e.criterion.uses_sandbox]
+        self._sandboxes = (
+            CodeSandboxes(spec.get("sandbox", {}), any(c.needs_tools for c in sandboxed))
+            if sandboxed
+            else None
+        )
         aggregate = spec.get("aggregate", "weighted_sum")
         if isinstance(aggregate, dict):
             gate = aggregate["gate"]
@@ -96,7 +104,8 @@ class Rubric:
         spec = copy.deepcopy(spec)
         sandbox_settings = dict(spec.get("sandbox", {}))
         entries = []
-        for item in spec["criteria"]:
+        issues: list[SpecIssue] = []
+        for index, item in enumerate(spec["criteria"]):
             criterion_cls = kind_class(item["kind"])
             assert criterion_cls is not None  # validated above
             timeout_s = float(item.get("timeout_s", criterion_cls.default_timeout_s))
@@ -106,10 +115,17 @@ class Rubric:
                 sandbox_settings=sandbox_settings,
                 resources=dict(resources or {}),
             )
-            criterion = criterion_cls(dict(item.get("params", {})), context)
-            entries.append(
-                _Entry(item["name"], float(item.get("weight", 1.0)), criterion, timeout_s)
-            )
+            try:
+                criterion = criterion_cls(dict(item.get("params", {})), context)
+            except ParamsError as exc:
+                issues.append(SpecIssue(f"criteria[{index}].params.{exc.path}", exc.message))
+                continue
+            weight = float(item.get("weight", 1.0))
+            entries.append(_Entry(item["name"], weight, criterion, timeout_s))
+        if issues:
+            for entry in entries:
+                entry.criterion.close()
+            raise RubricSpecError(issues)
         return cls(spec, entries)
 
     @property
@@ -123,10 +139,15 @@ class Rubric:
             sample = Sample.from_dict(sample)
         breakdown: dict[str, float] = {}
         details: dict[str, Any] = {}
-        for entry in self._entries:
-            score, found = self._evaluate(entry, sample, breakdown)
-            breakdown[entry.name] = score
-            details[entry.name] = found
+        state = ScoringState(self._sandboxes)
+        try:
+            for entry in self._entries:
+                score, found = self._evaluate(entry, sample, state)
+                breakdown[entry.name] = score
+                details[entry.name] = found
+                state.earlier[entry.name] = score
+        finally:
+            state.close()
         total, how = self._aggregate(breakdown)
         details["_aggregate"] = how
         return RewardResult(total=total, breakdown=breakdown, details=details)
@@ -154,6 +175,8 @@ class Rubric:
     def close(self) -> None:
         for entry in self._entries:
             entry.criterion.close()
+        if self._sandboxes is not None:
+            self._sandboxes.close()
 
     def __enter__(self) -> Rubric:
         return self
@@ -164,22 +187,24 @@ class Rubric:
     # --- internals ----------------------------------------------------------------------
 
     def _evaluate(
-        self, entry: _Entry, sample: Sample, earlier: dict[str, float]
+        self, entry: _Entry, sample: Sample, state: ScoringState
     ) -> tuple[float, dict[str, Any]]:
         criterion = entry.criterion
         started = time.perf_counter()
         try:
             if criterion.uses_sandbox:
                 deadline = entry.timeout_s * SANDBOX_DEADLINE_FACTOR + SANDBOX_DEADLINE_GRACE_S
-                outcome = call_with_deadline(
-                    lambda: criterion.evaluate_after(sample, dict(earlier)), deadline
-                )
+                try:
+                    outcome = call_with_deadline(lambda: criterion.judge(sample, state), deadline)
+                except DeadlineExceeded:
+                    state.kill_running()
+                    raise
             elif criterion.blocking:
                 outcome = call_with_deadline(
-                    lambda: criterion.evaluate_after(sample, dict(earlier)), entry.timeout_s
+                    lambda: criterion.judge(sample, state), entry.timeout_s
                 )
             else:
-                outcome = criterion.evaluate_after(sample, earlier)
+                outcome = criterion.judge(sample, state)
             if not isinstance(outcome, Outcome):
                 raise CriterionError(f"returned {type(outcome).__name__}, not an Outcome")
             score, found = float(outcome.score), dict(outcome.details)
@@ -188,7 +213,13 @@ class Rubric:
         except CriterionError as exc:
             score, found = 0.0, {"error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one broken criterion must not fail the batch
-            score, found = 0.0, {"error": f"crashed: {type(exc).__name__}: {exc}"}
+            score, found = (
+                0.0,
+                {
+                    "error": f"crashed: {type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=-4)[-2000:],
+                },
+            )
         found["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return score, found
 

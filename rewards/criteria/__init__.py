@@ -1,3 +1,14 @@
 """The built-in criterion kinds; importing this package registers them all."""
 
-from rewards.criteria import answers, efficiency, maths, numbers, structure  # noqa: F401
+from rewards.criteria import (  # noqa: F401
+    answers,
+    code,
+    efficiency,
+    maths,
+    mesh,
+    models,
+    numbers,
+    structure,
+    terminal,
+    user,
+)

@@ -7,6 +7,7 @@ import re
 from typing import Any, ClassVar
 
 from rewards.registry import Criterion, ParamProblem, register
+from rewards.sandboxing import ScoringState
 from rewards.types import CriterionError, Outcome, Sample
 
 _APPROXIMATE_TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -120,7 +121,10 @@ class BrevityBonus(Criterion):
         name = params.get("if_passed")
         return [("if_passed", name)] if isinstance(name, str) else []
 
-    def evaluate_after(self, sample: Sample, earlier: dict[str, float]) -> Outcome:
+    def judge(self, sample: Sample, state: ScoringState) -> Outcome:
+        return self._score(sample, state.earlier)
+
+    def _score(self, sample: Sample, earlier: dict[str, float]) -> Outcome:
         gate = self.params.get("if_passed")
         if gate is not None:
             threshold = float(self.params.get("pass_threshold", 1.0))
@@ -133,4 +137,4 @@ class BrevityBonus(Criterion):
         return Outcome(score, {"tokens": tokens, "counted_by": counted_by})
 
     def evaluate(self, sample: Sample) -> Outcome:
-        return self.evaluate_after(sample, {})
+        return self._score(sample, {})

@@ -1,0 +1,190 @@
+"""How code criteria get sandboxes: one pool per rubric, one sandbox per scored sample.
+
+All code criteria of a rubric that score the same sample share that sample's sandbox (so a
+sample pays for one sandbox, not one per criterion); each criterion works in its own fresh,
+randomly named directory and runs Python with ``-I`` (no current directory or environment on
+``sys.path``), and the sandbox kills every process at the end of each run, so what one
+criterion's run leaves behind cannot steer the next. Samples never share a sandbox.
+
+The tools the criteria run inside (coverage.py, ruff) come from a sandbox image built from
+this environment's own installed copies: coverage's package directory is copied to
+``/image/site`` and the ruff binary to ``/image/bin/ruff``. A rubric that names its own
+``sandbox.image`` must provide both at those paths to use the coverage and static-analysis
+criteria.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rewards.types import CriterionError
+
+if TYPE_CHECKING:
+    from sandboxes import ExecResult, Sandbox, SandboxPool, SandboxSpec
+
+IMAGE_SITE = "/image/site"
+IMAGE_RUFF = "/image/bin/ruff"
+TOOLS_IMAGE_NAME = "rewards-code-tools"
+
+
+@functools.lru_cache(maxsize=1)
+def tools_image() -> Any:
+    """The image holding coverage.py and ruff, built (once, cached) from the host's copies."""
+    import coverage
+    from ruff.__main__ import find_ruff_bin
+
+    from sandboxes import ImageSpec
+
+    files: dict[str, str | bytes] = {}
+    package = Path(coverage.__file__).resolve().parent
+    for path in sorted(package.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            files[f"site/coverage/{path.relative_to(package)}"] = path.read_bytes()
+    files["bin/ruff"] = Path(find_ruff_bin()).read_bytes()
+
+    class _Image(ImageSpec):
+        # The digest hashes every file (ruff is ~25 MB); the image never changes in-process,
+        # so it is computed once instead of at every sandbox start.
+        def digest(self) -> str:
+            cached = self.__dict__.get("_digest")
+            if cached is None:
+                cached = super().digest()
+                self.__dict__["_digest"] = cached
+            return cached
+
+    return _Image(
+        name=TOOLS_IMAGE_NAME,
+        # Compiled here, once: /image is read-only later, and compiling coverage's modules at
+        # every run would cost half a second.
+        setup="chmod 0755 bin/ruff && bin/ruff --version >/dev/null "
+        "&& python3 -m compileall -q site",
+        files=files,
+        env={"PATH": "/image/bin:/usr/local/bin:/usr/bin:/bin"},
+    )
+
+
+class CodeSandboxes:
+    """The sandbox spec and the bounded pool of one rubric's code criteria."""
+
+    def __init__(self, settings: dict[str, Any], needs_tools: bool) -> None:
+        self.settings = dict(settings)
+        self.needs_tools = needs_tools
+        self.max_active = int(settings.get("max_concurrency", os.cpu_count() or 1))
+        self._pool: SandboxPool | None = None
+        self._spec: SandboxSpec | None = None
+        self._lock = threading.Lock()
+
+    def spec(self) -> SandboxSpec:
+        with self._lock:
+            if self._spec is None:
+                self._spec = self._build_spec()
+            return self._spec
+
+    def _build_spec(self) -> SandboxSpec:
+        from sandboxes import SandboxSpec, SandboxSpecError
+
+        values: dict[str, Any] = {
+            "memory_mb": self.settings.get("memory_mb", 512),
+            "cpu": self.settings.get("cpu", 1.0),
+            "pids": self.settings.get("pids", 64),
+            "timeout_s": self.settings.get("timeout_s", 10.0),
+            "network": self.settings.get("network", "none"),
+        }
+        if "driver" in self.settings:
+            values["driver"] = self.settings["driver"]
+        if "allow_weaker" in self.settings:
+            values["allow_weaker"] = self.settings["allow_weaker"]
+        if "image" in self.settings:
+            values["image"] = self.settings["image"]
+        elif self.needs_tools:
+            values["image"] = tools_image()
+        try:
+            return SandboxSpec(**values)
+        except SandboxSpecError as exc:
+            raise CriterionError(f"bad sandbox settings: {exc}") from exc
+
+    def pool(self) -> SandboxPool:
+        from sandboxes import SandboxPool
+
+        with self._lock:
+            if self._pool is None:
+                self._pool = SandboxPool(max_active=self.max_active)
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
+class ScoringState:
+    """What the criteria of one rubric share while scoring one sample."""
+
+    def __init__(self, sandboxes: CodeSandboxes | None) -> None:
+        self.earlier: dict[str, float] = {}
+        self._sandboxes = sandboxes
+        self._stack = contextlib.ExitStack()
+        self._sandbox: Sandbox | None = None
+        self._lock = threading.Lock()
+
+    def sandbox(self) -> Sandbox:
+        """This sample's sandbox, created on first use (waits for a pool slot)."""
+        with self._lock:
+            if self._sandbox is None:
+                if self._sandboxes is None:
+                    raise CriterionError("this rubric has no sandbox settings")
+                from sandboxes import SandboxError
+
+                try:
+                    pool = self._sandboxes.pool()
+                    self._sandbox = self._stack.enter_context(pool.acquire(self._sandboxes.spec()))
+                except SandboxError as exc:
+                    raise CriterionError(f"cannot start a sandbox: {exc}") from exc
+            return self._sandbox
+
+    def kill_running(self) -> None:
+        """Stops whatever the sandbox runs now (a criterion overran its deadline)."""
+        sandbox = self._sandbox
+        if sandbox is not None:
+            with contextlib.suppress(Exception):
+                sandbox.kill()
+
+    def close(self) -> None:
+        with self._lock:
+            self._sandbox = None
+            self._stack.close()
+
+
+def fresh_dir(prefix: str) -> str:
+    """A directory name under /work nobody can guess (earlier runs cannot plant files in it)."""
+    return f"/work/{prefix}-{secrets.token_hex(8)}"
+
+
+def run_in(
+    sandbox: Sandbox,
+    directory: str,
+    files: dict[str, str],
+    argv: list[str],
+    *,
+    stdin: str | None = None,
+    timeout: float,
+) -> ExecResult:
+    """Writes ``files`` into ``directory`` and runs ``argv`` there."""
+    from sandboxes import SandboxError
+
+    try:
+        sandbox.write_files({f"{directory}/{name}": text for name, text in files.items()})
+        return sandbox.run(argv, stdin=stdin, timeout=timeout, cwd=directory)
+    except SandboxError as exc:
+        raise CriterionError(f"sandbox failure: {exc}") from exc
+
+
+def tail(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else "…" + text[-limit:]
