@@ -215,6 +215,8 @@ class PrivateServices:
         self.root = root
         self.persistent = persistent
         self.servers: list[RunningServer] = []
+        # The process group of the command run with these servers (see reap_abandoned_runs).
+        self.command_pgid: int | None = None
 
     def start(self, environ: dict[str, str]) -> dict[str, str]:
         """Start what is missing; return the environment for child processes."""
@@ -236,6 +238,10 @@ class PrivateServices:
         env.setdefault("CONSOLE_VAR_DIR", str(self.root))
         return env
 
+    def record_command(self, pid: int) -> None:
+        self.command_pgid = pid
+        self._record_owner()
+
     def _add(self, server: RunningServer) -> None:
         self.servers.append(server)
         self._record_owner()
@@ -244,6 +250,7 @@ class PrivateServices:
         # Lets a later invocation stop servers that a SIGKILLed one left behind.
         record = {
             "owner_pid": os.getpid(),
+            "command_pgid": self.command_pgid,
             "servers": [{"name": s.name, "pid": s.pid} for s in self.servers],
         }
         (self.root / SERVERS_FILE).write_text(json.dumps(record))
@@ -275,6 +282,13 @@ def reap_abandoned_runs(var_dir: Path) -> None:
             continue
         if pid_alive(owner):
             continue
+        command_pgid = record.get("command_pgid")
+        if isinstance(command_pgid, int) and pid_alive(command_pgid):
+            # Only if it still leads its own group: otherwise the pid was reused.
+            with contextlib.suppress(OSError):
+                if os.getpgid(command_pgid) == command_pgid:
+                    log(f"stopping the command left by dead run {run_dir.name}")
+                    os.killpg(command_pgid, signal.SIGTERM)
         for server in record.get("servers", []):
             pid = int(server["pid"])
             name = str(server["name"])
@@ -341,6 +355,7 @@ def run_command(command: Sequence[str], *, var_dir: Path = DEFAULT_VAR_DIR) -> i
         with forwarded_signals(on_signal):
             env = services.start(dict(os.environ))
             child = subprocess.Popen(list(command), env=env, process_group=0)
+            services.record_command(child.pid)
             try:
                 returncode = child.wait()
             except BaseException:

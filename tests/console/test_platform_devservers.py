@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -180,3 +181,28 @@ with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as db:
         assert done.returncode == 0, done.stderr
         counts.append(done.stdout.split()[-1])
     assert counts == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_servers_and_command_of_a_killed_run_are_stopped_by_the_next_run():
+    from console.devservers import reap_abandoned_runs
+
+    waiting = "import time; print('started', flush=True); time.sleep(600)"
+    process = devservers("run", "--", sys.executable, "-c", waiting, env=clean_env())
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "started"
+    run_dir = BASE_DIR / "var" / f"run-{process.pid}"
+    record = json.loads((run_dir / "servers.json").read_text())
+    left = [psutil.Process(s["pid"]) for s in record["servers"]]
+    left.append(psutil.Process(record["command_pgid"]))
+    process.kill()  # SIGKILL: no chance to clean up
+    process.wait()
+    assert all(p.is_running() for p in left)
+
+    reap_abandoned_runs(BASE_DIR / "var")
+
+    for leftover in left:
+        # Raises TimeoutExpired if the process is still running.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leftover.wait(30)
+    assert not run_dir.exists()
