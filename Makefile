@@ -29,6 +29,10 @@ lint: venv
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy console training rewards sandboxes
 
+## Deletes the demo's database and Redis data under var/ (refuses while a demo is running).
+clean-var:
+	$(SERVICES) clean-demo
+
 format: venv
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .

