@@ -97,7 +97,7 @@ def test_json_answer_is_valid_json_with_the_right_total():
     assert f"{answer['first']} " in task["metadata"]["question"]
 
 
-def test_chat_rendering_matches_the_tokenizer_chat_template(demo_model_dir):
+def test_chat_rendering_matches_the_tokenizer_chat_template(demo_model_dir):  # noqa: F811
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
