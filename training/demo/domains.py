@@ -8,7 +8,7 @@ rewards library, and writes reference completions for the supervised warm-up of 
 - ``json_format`` — a basket of fruit reported as a JSON object with a computed total
   (JSON-schema criterion for the structure, exact match for the values).
 - ``code`` — a one-line Python function described in words, checked by unit tests that run in
-  a sandbox.
+  a sandbox (``ground_truth`` is the list of asserts).
 - ``tool_calc`` — multi-turn tool use: a product of two-digit numbers (too hard for the tiny
   model to do in its head) computed by calling the ``python`` tool, then the answer in
   ``\\boxed{}``. Only returned by ``demo_domains(include_tool_use=True)`` because its episodes
@@ -196,7 +196,8 @@ def _draw_code(rng: random.Random) -> _Draft:
     # Python's precedence applies, as the words say nothing about grouping: the tests and the
     # reference agree because both evaluate the same expression.
     inputs = (0, 1, 2, 5, -3)
-    tests = "".join(f"assert f({x}) == {eval(expression, {'x': x})}\n" for x in inputs)  # noqa: S307
+    # One assert per test, as the rewards library's unit_tests criterion takes them (MBPP style).
+    tests = [f"assert f({x}) == {eval(expression, {'x': x})}" for x in inputs]  # noqa: S307
     return _Draft(
         key=expression,
         question=(
