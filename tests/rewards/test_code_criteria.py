@@ -1,0 +1,176 @@
+"""Code criteria in real sandboxes: unit tests, compiles, coverage, ruff, runtime, user code."""
+
+from __future__ import annotations
+
+import pytest
+
+from rewards import Rubric, validate_spec
+from rewards.criteria.code import plan_probe
+from tests.rewards.conftest import one_criterion, sample
+
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution:\n```python\n{code}\n```\nDone."
+
+
+@pytest.fixture(scope="module")
+def code_rubric():
+    spec = {
+        "version": 1,
+        "criteria": [
+            {"name": "compiles", "kind": "compiles", "weight": 0},
+            {"name": "tests", "kind": "unit_tests", "weight": 1},
+            {"name": "coverage", "kind": "coverage", "weight": 0},
+            {"name": "lint", "kind": "static_analysis", "weight": 0},
+        ],
+        "aggregate": {"gate": "compiles", "then": "weighted_sum"},
+        "sandbox": {"memory_mb": 256, "timeout_s": 10, "max_concurrency": 2},
+    }
+    with Rubric.from_spec(spec) as rubric:
+        yield rubric
+
+
+def test_a_correct_solution_passes_every_test_with_per_test_details(code_rubric):
+    code = "def add(a, b):\n    if a < 0:\n        return b + a\n    return a + b"
+    result = code_rubric.score(sample(fenced(code), ADD_TESTS))
+    assert result.total == 1.0
+    tests = result.details["tests"]
+    assert (tests["passed"], tests["total"]) == (3, 3)
+    assert all(t["passed"] and t["verified"] == "host" for t in tests["tests"])
+    assert result.breakdown["compiles"] == 1.0
+    assert result.breakdown["coverage"] == 1.0
+    assert result.breakdown["lint"] == 1.0
+
+
+def test_a_partly_wrong_solution_scores_the_fraction_and_shows_what_it_got(code_rubric):
+    result = code_rubric.score(sample(fenced("def add(a, b):\n    return abs(a) + b"), ADD_TESTS))
+    assert result.breakdown["tests"] == pytest.approx(2 / 3)
+    failed = [t for t in result.details["tests"]["tests"] if not t["passed"]]
+    assert failed == [{"test": "assert add(-1, 1) == 0", "verified": "host", "got": "2",
+                       "passed": False}]  # fmt: skip
+
+
+def test_code_that_does_not_compile_is_gated_to_zero(code_rubric):
+    result = code_rubric.score(sample(fenced("def add(a b):\n    return a"), ADD_TESTS))
+    assert result.breakdown["compiles"] == 0.0
+    assert "SyntaxError" in result.details["compiles"]["error"]
+    assert result.total == 0.0
+
+
+def test_coverage_counts_the_lines_the_tests_reach(code_rubric):
+    code = "def add(a, b):\n    return a + b\n\ndef unused(x):\n    y = x * 2\n    return y"
+    result = code_rubric.score(sample(fenced(code), ADD_TESTS))
+    assert result.breakdown["coverage"] == pytest.approx(3 / 5)
+    assert result.details["coverage"]["missing"] == [5, 6]
+
+
+def test_ruff_issues_are_reported_per_line(code_rubric):
+    code = "import os\ndef add(a, b):\n    l = 1\n    return a + b"
+    result = code_rubric.score(sample(fenced(code), ADD_TESTS))
+    issues = result.details["lint"]["issues"]
+    assert any(i.startswith("F401") for i in issues["1"])
+    assert any(i.startswith("E741") or i.startswith("F841") for i in issues["3"])
+    assert result.breakdown["lint"] == pytest.approx(1 - 2 / 4)
+
+
+def test_an_infinite_loop_times_out_and_scores_zero():
+    spec = one_criterion("unit_tests", timeout_s=1)
+    with Rubric.from_spec(spec) as rubric:
+        result = rubric.score(
+            sample(fenced("def add(a, b):\n    while True:\n        pass"), ADD_TESTS)
+        )
+    assert result.total == 0.0
+    assert result.details["c"]["run"]["timed_out"] is True
+
+
+def test_mbpp_style_ground_truth_with_setup_code_and_imports():
+    truth = {
+        "test_list": ["assert math.isclose(area(2), 12.566, rel_tol=1e-3)", "assert area(0) == 0"],
+        "test_imports": ["import math"],
+    }
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        code = "import math\ndef area(r):\n    return math.pi * r * r"
+        result = rubric.score(sample(fenced(code), truth))
+    assert result.total == 1.0
+
+
+def test_runtime_efficiency_scores_a_slow_solution_below_the_reference():
+    params = {
+        "workload": "total(3_000_000)",
+        "repeat": 3,
+        "reference": "def total(n):\n    return n * (n - 1) // 2",
+        "rounds": 2,
+    }
+    with Rubric.from_spec(one_criterion("runtime_efficiency", params)) as rubric:
+        slow = rubric.score(sample(fenced("def total(n):\n    return sum(range(n))")))
+        wrong = rubric.score(sample(fenced("def total(n):\n    return 0")))
+    assert 0 < slow.total < 1
+    assert slow.details["c"]["candidate_s"] > slow.details["c"]["reference_s"]
+    assert (
+        wrong.total == 0.0 and wrong.details["c"]["reason"] == "result differs from the reference"
+    )
+
+
+@pytest.mark.parametrize(
+    ("test", "mode"),
+    [
+        ("assert f(1) == 2", "value"),
+        ("assert 2 == f(1)", "value"),
+        ("assert f(1) == g(2)", "value"),
+        ("assert not f(1)", "value"),
+        ("assert math.isclose(f(1), 0.5)", "value"),
+        ("x = f(1)\nassert x == [1, 2]", "value"),
+        ("for i in range(3):\n    assert f(i) == i", "exec"),
+        ("f(1)", "exec"),
+    ],
+)
+def test_tests_are_checked_on_the_host_whenever_they_are_a_single_assert(test, mode):
+    assert plan_probe(0, test).mode == mode
+
+
+def test_invalid_tests_are_spec_issues():
+    (issue,) = validate_spec(one_criterion("unit_tests", {"tests": ["assert (("]}))
+    assert issue.path == "criteria[0].params.tests[0]"
+
+
+# --- user code in the sandbox ------------------------------------------------------------------
+
+VERL_CODE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0 if solution_str.strip() == ground_truth else 0.25
+"""
+TRL_CODE = """
+def reward_func(prompts, completions, **kwargs):
+    return [len(c) / 10 for c in completions]
+"""
+
+
+def test_sandboxed_user_functions_with_either_signature():
+    with Rubric.from_spec(one_criterion("sandboxed_function", {"code": VERL_CODE})) as rubric:
+        assert rubric.score(sample("yes", "yes")).total == 1.0
+        assert rubric.score(sample("no", "yes")).total == 0.25
+    trl = one_criterion("sandboxed_function", {"code": TRL_CODE, "function": "reward_func"})
+    with Rubric.from_spec(trl) as rubric:
+        assert rubric.score(sample("12345")).total == 0.5
+
+
+def test_sandboxed_user_code_cannot_reach_the_host_and_failures_score_zero():
+    snoop = """
+import os
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(len(open('/etc/shadow').read()) + len(os.environ.get('SECRET_KEY', '')))
+"""
+    with Rubric.from_spec(one_criterion("sandboxed_function", {"code": snoop})) as rubric:
+        result = rubric.score(sample("x"))
+    assert result.total == 0.0
+    assert (
+        "FileNotFoundError" in result.details["c"]["error"]
+        or "Permission" in result.details["c"]["error"]
+    )
+
+
+def test_sandboxed_function_params_are_checked_before_running():
+    spec = one_criterion("sandboxed_function", {"code": "def other(): pass"})
+    assert validate_spec(spec)[0].path == "criteria[0].params.function"
