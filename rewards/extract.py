@@ -43,6 +43,8 @@ NUMBER = regex.compile(
 
 def boxed_contents(text: str) -> list[str]:
     """The contents of every ``\\boxed{...}`` (braces balanced), in order."""
+    if "\\boxed" not in text and "\\fbox" not in text:
+        return []
     found = []
     for match in _BOXED_START.finditer(text):
         depth, start = 1, match.end()
@@ -72,18 +74,21 @@ def extract_answer(text: str, mode: str = "auto", pattern: str | None = None) ->
             return boxed[-1].strip()
         if mode == "boxed":
             return None
-    if mode in ("auto", "answer_tag"):
+    # Substring tests first: most responses have none of the markers, and `in` is far
+    # cheaper than a regex scan of the whole text.
+    lowered = text.lower() if mode in ("auto", "answer_tag", "marker") else ""
+    if mode in ("auto", "answer_tag") and "<answer>" in lowered:
         tags = _ANSWER_TAG.findall(text)
         if tags:
             return tags[-1].strip()
-        if mode == "answer_tag":
-            return None
-    if mode in ("auto", "marker"):
+    if mode == "answer_tag":
+        return None
+    if mode in ("auto", "marker") and ("answer" in lowered or "####" in text):
         markers = _MARKER.findall(text)
         if markers:
             return markers[-1].strip().rstrip(".").strip()
-        if mode == "marker":
-            return None
+    if mode == "marker":
+        return None
     if mode == "last_number":
         numbers = NUMBER.findall(text)
         return numbers[-1].replace(" ", "") if numbers else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 _LATEX_NOISE = re.compile(r"\\[,!;:> ]|\\(?:left|right|displaystyle|mathrm|textbf|mathbf)\b|~")
@@ -39,6 +39,14 @@ _MINUS = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00a0": " "})
 class ParsedNumber:
     value: Fraction
     percent: bool = False
+    key: tuple[int, int] = field(init=False, repr=False, compare=False)
+    approx: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Precomputed once (parses are cached): comparing integers and floats is several
+        # times faster than comparing Fractions, and comparison is the hot path.
+        object.__setattr__(self, "key", (self.value.numerator, self.value.denominator))
+        object.__setattr__(self, "approx", float(self.value))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -104,13 +112,25 @@ def _to_fraction(s: str) -> Fraction | None:
 
 def equal_numbers(a: ParsedNumber, b: ParsedNumber, rel_tol: float, abs_tol: float) -> bool:
     """Whether two plain numbers agree; a percentage on one side may mean x or x/100."""
-    candidates_a = [a.value] + ([a.value / 100] if a.percent and not b.percent else [])
-    candidates_b = [b.value] + ([b.value / 100] if b.percent and not a.percent else [])
-    return any(close(x, y, rel_tol, abs_tol) for x in candidates_a for y in candidates_b)
+    if a.key == b.key:
+        return True
+    if _within(a.approx, b.approx, rel_tol, abs_tol):
+        return True
+    if a.percent != b.percent:
+        scaled, other = (a, b) if a.percent else (b, a)
+        return close(scaled.value / 100, other.value, rel_tol, abs_tol)
+    return False
+
+
+def _within(x: float, y: float, rel_tol: float, abs_tol: float) -> bool:
+    if not rel_tol and not abs_tol:
+        return False
+    difference = abs(x - y)
+    return difference <= abs_tol or difference <= rel_tol * max(abs(x), abs(y))
 
 
 def close(x: Fraction, y: Fraction, rel_tol: float, abs_tol: float) -> bool:
     if x == y:
         return True
-    difference = abs(x - y)
-    return difference <= abs_tol or difference <= rel_tol * max(abs(x), abs(y))
+    # Unequal: tolerances are floats anyway, and float arithmetic is ten times faster here.
+    return _within(float(x), float(y), rel_tol, abs_tol)

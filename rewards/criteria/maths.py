@@ -100,6 +100,7 @@ class MathEquivalence(Criterion):
         return Outcome(1.0 if ok else 0.0, {**details, "method": "symbolic"})
 
 
+@functools.lru_cache(maxsize=65536)
 def _gold_answer(gold: str) -> str:
     extracted = extract_answer(gold, "auto")
     return extracted if extracted is not None else gold.strip()
