@@ -44,6 +44,7 @@ def load_settings(monkeypatch: pytest.MonkeyPatch, **env: str | None) -> ModuleT
 @pytest.mark.slow
 def test_check_deploy_reports_nothing_with_debug_off_and_secrets_given():
     env = {**os.environ, **PRODUCTION}
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     done = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120,

@@ -37,10 +37,6 @@ import pytest
 
 from tests.console.factories import password_for
 
-# Playwright's sync API runs an event loop in this thread; Django would then refuse the ORM
-# calls that set up test data ("SynchronousOnlyOperation"). The tests themselves are sync.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 BASE_DIR = Path(__file__).resolve().parents[2]
 ARTIFACTS_DIR = BASE_DIR / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -62,6 +58,16 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def _allow_orm_beside_playwright() -> Iterator[None]:
+    # Playwright's sync API keeps an event loop in this thread from the browser's start to the
+    # end of the session; Django would then refuse the (sync) ORM calls of fixtures and tests
+    # ("SynchronousOnlyOperation"). Set only once a browser starts, and undone at the end.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
 
 
 def _free_port() -> int:
@@ -146,7 +152,7 @@ def live_server_url(_asgi_server: str, transactional_db: None) -> str:
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def browser(_allow_orm_beside_playwright: None) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
