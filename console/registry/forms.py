@@ -45,7 +45,11 @@ class DomainForm(forms.Form):
 class TaskUploadForm(forms.Form):
     file = forms.FileField(help_text="JSONL, UTF-8: one task per line.")
     held_out_fraction = forms.FloatField(
-        min_value=0, max_value=1, initial=0.1, help_text="Fraction of tasks held out (0–1)."
+        min_value=0,
+        max_value=1,
+        initial=0.1,
+        help_text="Each task is held out with this probability, decided by a hash of the seed "
+        "and its position (the same file and seed always give the same split); 0–1.",
     )
     split_seed = forms.IntegerField(initial=0, min_value=-(2**63), max_value=2**63 - 1)
     keep_valid_rows = forms.BooleanField(

@@ -8,6 +8,8 @@ per parent, limits in range), so a bug in a service or a race cannot store it.
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -317,3 +319,12 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"{self.domain_id}#{self.index}"
+
+    # Shown in pages as JSON, the form they were uploaded in (not Python's repr).
+    @property
+    def ground_truth_json(self) -> str:
+        return json.dumps(self.ground_truth, ensure_ascii=False)
+
+    @property
+    def metadata_json(self) -> str:
+        return json.dumps(self.metadata, ensure_ascii=False)

@@ -103,9 +103,10 @@ def _validating(request: HttpRequest) -> bool:
 
 
 def _form_response(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
-    """The form alone for inline validation; the whole page (422) for a failed submit."""
+    """For inline validation, only the form's error lists (swapped in by id, so nothing the
+    user is typing is replaced); for a failed submit, the whole page with status 422."""
     if _validating(request):
-        return render(request, f"{template}#form", context)
+        return render(request, "registry/_form_errors_oob.html", context)
     return render(request, template, context, status=422 if request.method == "POST" else 200)
 
 

@@ -317,7 +317,9 @@ def test_inline_validation_returns_the_form_with_errors_and_saves_nothing(
     response = owner_client.post(reverse("registry:domain_create"), data, **HTMX)
     content = response.content.decode()
     assert response.status_code == 200
-    assert content.lstrip().startswith("<form")  # the partial, not the page
+    # Only the error lists, each swapped in by id: the inputs being typed in are not replaced.
+    assert "<form" not in content and "<input" not in content
+    assert '<ul class="errorlist" id="errors-slug" hx-swap-oob="true"><li>Enter a valid' in content
     assert "Enter a valid “slug”" in content
     assert "This field is required." in content
     assert "Ensure this value is greater than or equal to 0." in content
