@@ -31,6 +31,7 @@ from rewards.types import CriterionError, Outcome, Sample
 MARKER = "@@rewards-record "
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:\n)?```", re.DOTALL | re.IGNORECASE)
 MAX_CODE_CHARS = 200_000
+MAX_RECORD_CHARS = 1_000_000
 
 CODE_FROM_SCHEMA: dict[str, Any] = {
     "type": "string",
@@ -83,16 +84,23 @@ def tests_and_setup(sample: Sample, params: dict[str, Any]) -> tuple[list[str], 
 
 
 def parse_records(stdout: str) -> list[dict[str, Any]]:
+    """The runner's records: Python literals of plain values, read with `ast.literal_eval`
+    (which evaluates nothing); a malformed or oversized line is skipped."""
     records = []
     for line in stdout.splitlines():
-        if line.startswith(MARKER):
+        if line.startswith(MARKER) and len(line) <= MAX_RECORD_CHARS:
             try:
-                record = json.loads(line[len(MARKER) :])
-            except ValueError:
+                record = ast.literal_eval(line[len(MARKER) :])
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 continue
             if isinstance(record, dict):
                 records.append(record)
     return records
+
+
+def literal_request(request: dict[str, Any]) -> str:
+    """The runner's request as a Python literal (see the runner's docstring)."""
+    return repr(request)
 
 
 # --- values reported by the sandbox --------------------------------------------------------
@@ -258,7 +266,7 @@ def run_probes(
         directory,
         _runner_files(code),
         _python(),
-        stdin=json.dumps(request),
+        stdin=literal_request(request),
         timeout=timeout_s,
     )
     return probes, parse_records(result.stdout), result
@@ -461,7 +469,7 @@ class Coverage(_SandboxedCriterion):
             fresh_dir("coverage"),
             _runner_files(code),
             _python(),
-            stdin=json.dumps(request),
+            stdin=literal_request(request),
             timeout=self.context.timeout_s,
         )
         records = parse_records(result.stdout)
@@ -622,7 +630,7 @@ class RuntimeEfficiency(_SandboxedCriterion):
                        "probes": [probe.request()]}  # fmt: skip
             result = run_in(
                 state.sandbox(), fresh_dir("timing"), _runner_files(source), _python(),
-                stdin=json.dumps(request), timeout=sandbox_timeout,
+                stdin=literal_request(request), timeout=sandbox_timeout,
             )  # fmt: skip
             records = [r for r in parse_records(result.stdout) if r.get("id") == 0]
             cost = result.cpu_s if result.cpu_s is not None else result.wall_s

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from rewards.criteria.code import literal_request, parse_records
 from rewards.registry import Criterion, ParamProblem, ParamsError, register
 from rewards.sandbox_scripts import script_text
 from rewards.sandboxing import ScoringState, fresh_dir, run_in, tail
@@ -88,7 +89,7 @@ def _as_score(value: Any) -> tuple[float | None, dict[str, Any]]:
 
 def _jsonable(value: Any) -> bool:
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
         return False
     return True
@@ -222,10 +223,9 @@ class SandboxedFunction(Criterion):
             fresh_dir("function"),
             {"user_reward.py": self.params["code"], "runner.py": script_text("runner.py")},
             ["python3", "-I", "-X", "utf8", "runner.py"],
-            stdin=json.dumps(request),
+            stdin=literal_request(request),
             timeout=self.context.timeout_s,
         )
-        from rewards.criteria.code import parse_records
 
         records = parse_records(result.stdout)
         if not records:

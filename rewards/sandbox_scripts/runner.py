@@ -10,16 +10,16 @@ Modes:
   statements and the missed ones.
 - ``function``: load user reward code and call its function with the sample.
 
-Records go to the original stdout, one per line after a marker; everything the candidate
-prints goes to stderr. Records from this process are only as trustworthy as the candidate
+The request arrives as a Python literal and records leave as Python literals (``repr`` of
+plain values; the host reads them with ``ast.literal_eval``): importing ``json`` (and ``re``
+with it) would cost more than the tests themselves. Records go to the original stdout, one
+per line after a marker; everything the candidate prints goes to stderr. Records from this process are only as trustworthy as the candidate
 lets them be, which is why the host compares values itself.
 """
 
-import json
 import math
 import os
 import sys
-import traceback
 
 MARKER = "@@rewards-record "
 MAX_DEPTH = 60
@@ -69,14 +69,14 @@ def describe(exc):
 
 
 def main():
-    request = json.loads(sys.stdin.read())
+    request = eval(sys.stdin.read(), {"__builtins__": {}})  # noqa: S307 - the host's literal
     records = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     sys.stdin = open(os.devnull)  # noqa: SIM115 - the candidate reads EOF, not our request
 
     def emit(record):
-        records.write(MARKER + json.dumps(record) + "\n")
+        records.write(MARKER + repr(record) + "\n")
         records.flush()
 
     mode = request["mode"]
@@ -171,6 +171,8 @@ def run_function(request, emit):
             return
         emit({"score": float(result)})
     except BaseException as exc:  # noqa: BLE001
+        import traceback
+
         emit({"error": describe(exc), "traceback": traceback.format_exc()[-1500:]})
 
 

@@ -1,0 +1,177 @@
+"""Rewards throughput, each figure next to a baseline measured in the same run.
+
+1. Unit-test rubric on MBPP-style samples (a function plus three asserts), every sample in its
+   own sandbox: evaluations per second, next to the sandbox's own bare-run rate (fresh
+   sandbox, ``python3 -c pass``, same concurrency) — the ceiling any sandboxed criterion
+   can reach here.
+2. Answer and numeric criteria (math_equivalence + numeric_match on GSM8K-style responses):
+   evaluations per second of CPU time and of wall time, next to a minimal hand-written
+   checker (last number == gold) over the same responses.
+
+    .venv/bin/python bench/bench_rewards.py [--code-samples 200] [--workers 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rewards import Rubric, Sample  # noqa: E402
+
+MBPP_TASKS = [
+    ("def add(a, b):\n    return a + b", ["add(1, 2) == 3", "add(-1, 1) == 0", "add(10, 5) == 15"]),
+    (
+        "def is_even(n):\n    return n % 2 == 0",
+        ["is_even(2) is True", "is_even(3) is False", "is_even(0) is True"],
+    ),
+    (
+        "def reverse_words(s):\n    return ' '.join(s.split()[::-1])",
+        [
+            "reverse_words('a b c') == 'c b a'",
+            "reverse_words('x') == 'x'",
+            "reverse_words('') == ''",
+        ],
+    ),
+    (
+        "def max_of(xs):\n    best = xs[0]\n    for x in xs:\n        if x > best:\n"
+        "            best = x\n    return best",
+        ["max_of([1, 5, 2]) == 5", "max_of([-3, -1]) == -1", "max_of([7]) == 7"],
+    ),
+    (
+        "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s.lower())",
+        ["count_vowels('Hello') == 2", "count_vowels('xyz') == 0", "count_vowels('AEIOU') == 5"],
+    ),
+]
+
+
+def mbpp_samples(count: int) -> list[Sample]:
+    rng = random.Random(0)
+    samples = []
+    for i in range(count):
+        code, checks = MBPP_TASKS[i % len(MBPP_TASKS)]
+        if rng.random() < 0.3:  # some wrong answers, as a policy produces
+            code = code.replace("return", "return None and", 1)
+        samples.append(
+            Sample(
+                domain="mbpp",
+                prompt="Write the function.",
+                completion=f"```python\n{code}\n```",
+                ground_truth=[f"assert {check}" for check in checks],
+            )
+        )
+    return samples
+
+
+def bench_code(count: int, workers: int) -> None:
+    from sandboxes import SandboxPool, SandboxSpec
+
+    spec = SandboxSpec(memory_mb=256, timeout_s=10)
+    with SandboxPool(max_active=workers) as pool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool.run(spec, ["python3", "-c", "pass"])  # warm: janitor, cgroup roots, seccomp
+        started = time.perf_counter()
+        with ThreadPoolExecutor(workers) as threads:
+            results = list(
+                threads.map(lambda _: pool.run(spec, ["python3", "-c", "pass"]), range(count))
+            )
+        bare_s = time.perf_counter() - started
+    assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
+    rubric_spec = {
+        "version": 1,
+        "criteria": [{"name": "tests", "kind": "unit_tests"}],
+        "sandbox": {"memory_mb": 256, "timeout_s": 10, "max_concurrency": workers},
+    }
+    samples = mbpp_samples(count)
+    with Rubric.from_spec(rubric_spec) as rubric:
+        rubric.score(samples[0])  # warm
+        started = time.perf_counter()
+        scored = rubric.score_batch(samples, max_workers=workers)
+        rubric_s = time.perf_counter() - started
+    errors = [r.details["tests"].get("error") for r in scored if r.details["tests"].get("error")]
+    assert not errors, errors[:3]
+    mean = sum(r.total for r in scored) / len(scored)
+    bare_rate, rubric_rate = count / bare_s, count / rubric_s
+    print(f"unit-test rubric, {count} MBPP-style samples (3 asserts each), {workers} at once")
+    print(f"  sandbox bare run (fresh sandbox, python3 -c pass): {bare_rate:7.1f} /s")
+    print(f"  unit_tests criterion (fresh sandbox, harness, host check): {rubric_rate:7.1f} evals/s"
+          f"  = {rubric_rate / bare_rate:.2f}x the bare rate; mean reward {mean:.2f}")  # fmt: skip
+
+
+def gsm8k_samples(count: int) -> list[Sample]:
+    rng = random.Random(1)
+    templates = [
+        "Let me work it out. First {a} + {b} = {c}. So the answer is \\boxed{{{c}}}.",
+        "Adding the two amounts gives {c:,} dollars in total.\n#### {c}",
+        "Step 1: {a}. Step 2: {b}. The final answer is {c}.",
+        "<think>{a} plus {b}</think><answer>{c}</answer>",
+        "We find x = {c} after simplifying; thus {c} apples.",
+    ]
+    samples = []
+    for _ in range(count):
+        a, b = rng.randint(1, 10**6), rng.randint(1, 10**6)
+        c = a + b if rng.random() < 0.7 else a + b + rng.randint(1, 9)
+        text = rng.choice(templates).format(a=a, b=b, c=c)
+        samples.append(Sample(domain="gsm8k", prompt="q", completion=text, ground_truth=str(a + b)))
+    return samples
+
+
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def bench_answers(count: int) -> None:
+    samples = gsm8k_samples(count)
+    spec = {
+        "version": 1,
+        "criteria": [
+            {"name": "math", "kind": "math_equivalence"},
+            {"name": "number", "kind": "numeric_match", "params": {"rel_tol": 1e-6}},
+        ],
+    }
+    rubric = Rubric.from_spec(spec)
+    rubric.score_batch(samples[:200])  # warm the caches of the gold answers' parses
+    cpu, wall = time.process_time(), time.perf_counter()
+    results = rubric.score_batch(samples)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    evaluations = 2 * len(samples)
+
+    def naive(sample: Sample) -> float:
+        numbers = _LAST_NUMBER.findall(sample.response)
+        return float(bool(numbers) and numbers[-1].replace(",", "") == sample.ground_truth)
+
+    base_cpu = time.process_time()
+    naive_scores = [naive(s) for s in samples]
+    base_cpu = time.process_time() - base_cpu
+    agreement = sum((r.breakdown["math"] == n) for r, n in zip(results, naive_scores, strict=True))
+    print(f"answer + numeric criteria, {count} GSM8K-style samples, 2 criteria each")
+    print(f"  rubric: {evaluations / cpu:9.0f} evals per CPU-second, "
+          f"{evaluations / wall:9.0f} evals/s wall")  # fmt: skip
+    print(f"  baseline (regex last number == gold, no rubric): {count / base_cpu:9.0f} per CPU-s"
+          f"  -> rubric costs {(cpu / evaluations) / (base_cpu / count):.1f}x the baseline "
+          f"per evaluation; agrees with it on {agreement / count:.0%}")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--code-samples", type=int, default=200)
+    parser.add_argument("--answer-samples", type=int, default=20000)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(
+        f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
+    bench_answers(args.answer_samples)
+    bench_code(args.code_samples, args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
