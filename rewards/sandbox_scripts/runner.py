@@ -13,8 +13,9 @@ Modes:
 The request arrives as a Python literal and records leave as Python literals (``repr`` of
 plain values; the host reads them with ``ast.literal_eval``): importing ``json`` (and ``re``
 with it) would cost more than the tests themselves. Records go to the original stdout, one
-per line after a marker; everything the candidate prints goes to stderr. Records from this process are only as trustworthy as the candidate
-lets them be, which is why the host compares values itself.
+per line after a marker; everything the candidate prints goes to stderr. Records from this
+process are only as trustworthy as the candidate lets them be, which is why the host
+compares values itself.
 """
 
 import math
