@@ -1,0 +1,322 @@
+"""The DeepSpeed trainer: a policy (and a frozen reference) behind a DeepSpeed engine.
+
+The engine is built from the run spec's ``deepspeed`` dict (ZeRO stage 0-3, bf16/fp16, CPU
+offload, gradient clipping ... all DeepSpeed's own keys). The run fills in what it owns:
+
+- ``managed_gradient_accumulation: false`` — micro-batches are formed by a token budget, so
+  their number changes from step to step; the trainer calls ``backward`` once per micro-batch
+  and ``step`` once per optimiser step (DeepSpeed's own counter would assume a fixed count);
+- ``train_micro_batch_size_per_gpu``/``gradient_accumulation_steps`` = 1 (bookkeeping only);
+- an AdamW optimiser (``torch_adam`` on the CPU) at the spec's ``lr`` unless the config names
+  one, in which case the spec's ``lr`` still wins (one place to read the learning rate).
+
+Loss scaling: each micro-batch's loss is its *share* of the global mini-batch loss (the
+algorithms' ``global_tokens``/``global_sequences``), multiplied by the world size because
+DeepSpeed averages gradients over ranks. Summed over micro-batches and ranks that is exactly
+the loss of the whole mini-batch as if it had been one padded batch on one device.
+
+Distributed: `init_distributed` works alone (world size 1: it sets the rendezvous variables
+itself) and under ``deepspeed --num_gpus N`` or ``torchrun --nproc_per_node N``. On a machine
+without CUDA it sets ``DS_ACCELERATOR=cpu`` and uses gloo; with CUDA, nccl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.algorithms import (
+    AlgorithmConfig,
+    actor_loss,
+    entropy_from_logits,
+    token_logprobs_from_logits,
+)
+from training.batching import (
+    MicroBatch,
+    TrainRow,
+    collate,
+    equalize_micro_batch_count,
+    plan_micro_batches,
+)
+
+__all__ = ["Trainer", "build_deepspeed_config", "init_distributed", "is_main_process"]
+
+# Loss-valued metrics are shares of the mini-batch loss (they sum over micro-batches and
+# ranks); every other per-token metric is averaged with the micro-batch's token count.
+_SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf_loss"})
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_distributed() -> tuple[int, int]:
+    """Initialises torch.distributed through DeepSpeed once; returns ``(rank, world_size)``."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # not under a launcher: a world of one
+            os.environ.update(
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(_free_port()),
+            )
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def is_main_process() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def build_deepspeed_config(user_config: dict[str, Any], lr: float) -> dict[str, Any]:
+    """The user's DeepSpeed config with the keys the run owns filled in (see module doc)."""
+    config = copy.deepcopy(user_config)
+    config["train_micro_batch_size_per_gpu"] = 1
+    config["gradient_accumulation_steps"] = 1
+    config.pop("train_batch_size", None)
+    config["managed_gradient_accumulation"] = False
+    config.setdefault("steps_per_print", 10**9)
+    config.setdefault("wall_clock_breakdown", False)
+    optimizer = config.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    params = optimizer.setdefault("params", {})
+    params["lr"] = lr
+    if not torch.cuda.is_available() and optimizer.get("type", "").lower() in ("adam", "adamw"):
+        params.setdefault("torch_adam", True)  # the fused kernels need CUDA
+    zero = config.setdefault("zero_optimization", {"stage": 0})
+    if zero.get("stage", 0) in (0, 1) and zero.get("overlap_comm"):
+        zero["overlap_comm"] = False  # DeepSpeed refuses it with caller-owned accumulation
+    return config
+
+
+class Trainer:
+    """Owns the DeepSpeed engine, the reference model and the tokenizer of one run."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        deepspeed_config: dict[str, Any],
+        lr: float,
+        *,
+        seed: int = 0,
+        reference: bool = True,
+        micro_batch_tokens: int = 4096,
+        ewc_penalty: Any = None,
+    ) -> None:
+        self.rank, self.world_size = init_distributed()
+        import deepspeed
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_dir = Path(model_dir)
+        self.micro_batch_tokens = micro_batch_tokens
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model.config.use_cache = False
+        self.config = build_deepspeed_config(deepspeed_config, lr)
+        self.zero_stage = int(self.config["zero_optimization"].get("stage", 0))
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=self.config
+        )
+        self.device = self.engine.device
+        self.reference_model = None
+        if reference:
+            ref = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            ref.config.use_cache = False
+            ref.eval().requires_grad_(False)
+            self.reference_model = ref.to(self.device)
+        self.ewc_penalty = ewc_penalty.to(self.device) if ewc_penalty is not None else None
+
+    # ------------------------------------------------------------------ model access
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def current_lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the policy under its Hugging Face name (tied ones included), full
+        size even under ZeRO-3, for the rollout engine's weight sync."""
+        params = list(self.module.parameters())
+        gather: Any = contextlib.nullcontext()
+        if self.zero_stage == 3:
+            import deepspeed
+
+            gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        with gather:
+            state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        yield from state.items()
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _response_logits(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        index = batch.response_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        return logits[:, :-1].gather(1, index)
+
+    @torch.no_grad()
+    def logprobs(self, rows: Sequence[TrainRow], *, reference: bool = False) -> list[list[float]]:
+        """Per-token log-probabilities of each row's response under the policy (or reference)."""
+        model = self.reference_model if reference else self.module
+        if model is None:
+            raise RuntimeError("this trainer was built without a reference model")
+        was_training = model.training
+        model.eval()
+        result: list[list[float]] = [[] for _ in rows]
+        for indices in plan_micro_batches([r.length for r in rows], self.micro_batch_tokens):
+            batch = collate(rows, indices, self.pad_id, self.device)
+            values = token_logprobs_from_logits(
+                self._response_logits(model, batch), batch.response_ids
+            )
+            for i, index in enumerate(indices):
+                result[index] = values[i, : len(rows[index].response_ids)].tolist()
+        model.train(was_training)
+        return result
+
+    # ------------------------------------------------------------------ one optimiser step
+
+    def train_step(
+        self,
+        rows: Sequence[TrainRow],
+        algorithm: AlgorithmConfig,
+        *,
+        kl_coef: float | None = None,
+        ref_logprobs: Sequence[Sequence[float]] | None = None,
+    ) -> dict[str, float]:
+        """One optimiser step on this rank's ``rows`` (a collective call: every rank calls it,
+        with its own rows). ``rows[i].old_logprobs`` unset means on-policy (ratio 1 at the start:
+        the old log-probabilities are the current ones, detached)."""
+        import torch.distributed as dist
+
+        self.engine.train()
+        groups = plan_micro_batches([r.length for r in rows], self.micro_batch_tokens)
+        counts = torch.tensor(
+            [
+                float(len(groups)),
+                float(sum(len(r.response_ids) for r in rows)),
+                float(sum(1 for r in rows if r.response_ids)),
+            ]
+        )
+        most = counts[:1].clone()
+        totals = counts[1:].clone()
+        if self.world_size > 1:
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        groups = equalize_micro_batch_count(groups, int(most.item()))
+        global_tokens = max(float(totals[0].item()), 1.0)
+        global_sequences = max(float(totals[1].item()), 1.0)
+
+        share_sums: dict[str, float] = {}
+        weighted_sums: dict[str, float] = {}
+        local_tokens = 0.0
+        for micro_index, indices in enumerate(groups):
+            batch = collate(rows, indices, self.pad_id, self.device)
+            logits = self._response_logits(self.module, batch)
+            logprobs = token_logprobs_from_logits(logits, batch.response_ids)
+            entropy = entropy_from_logits(logits.detach())
+            old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+            ref = None
+            if ref_logprobs is not None and not batch.is_empty:
+                ref = torch.zeros_like(logprobs)
+                for i, index in enumerate(indices):
+                    n = len(rows[index].response_ids)
+                    ref[i, :n] = torch.tensor(ref_logprobs[index][:n], dtype=ref.dtype)
+            elif ref_logprobs is not None:
+                ref = logprobs.detach()
+            loss, metrics = actor_loss(
+                algorithm,
+                logprobs=logprobs,
+                old_logprobs=old,
+                advantages=batch.advantages,
+                response_mask=batch.response_mask,
+                ref_logprobs=ref,
+                entropy=entropy,
+                kl_coef=kl_coef,
+                global_tokens=global_tokens,
+                global_sequences=global_sequences,
+            )
+            loss = loss * self.world_size
+            if batch.is_empty:
+                loss = loss * 0.0  # keeps this rank in step with the others' collectives
+            if self.ewc_penalty is not None and micro_index == 0:
+                penalty = self.ewc_penalty(self.module)
+                loss = loss + penalty
+                share_sums["ewc/penalty"] = float(penalty.detach())
+            self.engine.backward(loss, scale_wrt_gas=False)
+            tokens = float(batch.response_tokens)
+            local_tokens += tokens
+            for key, value in metrics.items():
+                if key in _SHARE_METRICS:
+                    share_sums[key] = share_sums.get(key, 0.0) + value
+                elif not batch.is_empty:
+                    weighted_sums[key] = weighted_sums.get(key, 0.0) + value * tokens
+
+        grad_norm = self._grad_norm_before_step()
+        self.engine.step()
+        if grad_norm is None:
+            reported = self.engine.get_global_grad_norm()
+            grad_norm = float(reported) if reported is not None else float("nan")
+
+        keys = sorted(share_sums) + sorted(weighted_sums)
+        values = torch.tensor(
+            [share_sums[k] for k in sorted(share_sums)]
+            + [weighted_sums[k] for k in sorted(weighted_sums)]
+            + [local_tokens],
+            dtype=torch.float64,
+        )
+        if self.world_size > 1:
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        result: dict[str, float] = {}
+        token_total = max(float(values[-1].item()), 1.0)
+        for i, key in enumerate(keys):
+            value = float(values[i].item())
+            if key in share_sums:
+                result[key] = value / (self.world_size if key == "ewc/penalty" else 1)
+            else:
+                result[key] = value / token_total
+        result["actor/grad_norm"] = grad_norm
+        result["actor/lr"] = self.current_lr()
+        result["perf/micro_batches"] = float(len(groups))
+        result["perf/train_tokens"] = float(global_tokens)
+        return result
+
+    def _grad_norm_before_step(self) -> float | None:
+        """ZeRO-1/2/3 report the global norm after ``step``; stage 0 does not, so it is computed
+        here, before ``step`` all-reduces the gradients: with one rank that is the global norm,
+        with several it is this rank's local gradient norm."""
+        if self.zero_stage != 0:
+            return None
+        squares = [
+            p.grad.detach().float().pow(2).sum()
+            for p in self.module.parameters()
+            if p.grad is not None
+        ]
+        if not squares:
+            return 0.0
+        return float(math.sqrt(float(torch.stack(squares).sum().item())))
