@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -223,6 +223,9 @@ class PrivateServices:
         """Start what is missing; return the environment for child processes."""
         env = dict(environ)
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.persistent:
+            # A demo killed hard left its Redis running on our files: stop it before reusing.
+            stop_abandoned(self.root)
         self._record_owner()
         try:
             if not env.get("DATABASE_URL"):
@@ -268,38 +271,42 @@ class PrivateServices:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
+def stop_abandoned(root: Path) -> bool:
+    """If `root`'s servers.json names an owner that is dead (SIGKILL, power loss), stop the
+    servers and the command it left behind. Returns whether `root` was abandoned."""
+    try:
+        record = json.loads((root / SERVERS_FILE).read_text())
+        owner = int(record["owner_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        # Being created right now by a concurrent run, or not ours: leave it alone.
+        return False
+    if owner == os.getpid() or pid_alive(owner):
+        return False
+    command_pgid = record.get("command_pgid")
+    if isinstance(command_pgid, int) and pid_alive(command_pgid):
+        # Only if it still leads its own group: otherwise the pid was reused.
+        with contextlib.suppress(OSError):
+            if os.getpgid(command_pgid) == command_pgid:
+                log(f"stopping the command left by dead run {root.name}")
+                os.killpg(command_pgid, signal.SIGTERM)
+    for server in record.get("servers", []):
+        pid = int(server["pid"])
+        name = str(server["name"])
+        with contextlib.suppress(psutil.Error):
+            # The pid may have been reused by an unrelated process since.
+            if name in psutil.Process(pid).name():
+                log(f"stopping {name} pid {pid} left by dead run {root.name}")
+                stop_process(pid, sig=signal.SIGINT if name == "postgres" else signal.SIGTERM)
+    return True
+
+
 def reap_abandoned_runs(var_dir: Path) -> None:
-    """Stop servers of `run-<pid>` directories whose owner died without cleaning up (SIGKILL,
-    power loss), and delete those directories."""
+    """Stop what dead `run-<pid>` invocations left running, and delete their directories."""
     if not var_dir.is_dir():
         return
     for run_dir in var_dir.glob(f"{RUN_DIR_PREFIX}*"):
-        record_file = run_dir / SERVERS_FILE
-        try:
-            record = json.loads(record_file.read_text())
-            owner = int(record["owner_pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            # Being created right now by a concurrent run, or not ours: leave it alone.
-            continue
-        if pid_alive(owner):
-            continue
-        command_pgid = record.get("command_pgid")
-        if isinstance(command_pgid, int) and pid_alive(command_pgid):
-            # Only if it still leads its own group: otherwise the pid was reused.
-            with contextlib.suppress(OSError):
-                if os.getpgid(command_pgid) == command_pgid:
-                    log(f"stopping the command left by dead run {run_dir.name}")
-                    os.killpg(command_pgid, signal.SIGTERM)
-        for server in record.get("servers", []):
-            pid = int(server["pid"])
-            name = str(server["name"])
-            with contextlib.suppress(psutil.Error):
-                process_name = psutil.Process(pid).name()
-                # The pid may have been reused by an unrelated process since.
-                if name in process_name or (name == "postgres" and "postgres" in process_name):
-                    log(f"stopping {name} pid {pid} left by dead run {run_dir.name}")
-                    stop_process(pid, sig=signal.SIGINT if name == "postgres" else signal.SIGTERM)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if stop_abandoned(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- signals
@@ -312,7 +319,7 @@ class Interrupted(Exception):
 
 
 @contextlib.contextmanager
-def forwarded_signals(on_signal) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def forwarded_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
     """Route SIGINT and SIGTERM to `on_signal(signum)` while the block runs."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
