@@ -9,7 +9,13 @@ from django.core.exceptions import ValidationError
 
 from console.accounts.models import Team
 from console.registry import selectors, specs
-from console.registry.models import LIMIT_BOUNDS, SandboxDriver, SandboxNetwork, SpecFormat
+from console.registry.models import (
+    LIMIT_BOUNDS,
+    SandboxDriver,
+    SandboxNetwork,
+    SpecFormat,
+    format_bound,
+)
 from console.registry.services import sandbox_version_problems
 
 SLUG_HELP = "Lowercase letters, digits, '-' and '_'; unique in your team."
@@ -99,7 +105,7 @@ class SandboxImageMetaForm(forms.Form):
 
 def _limit_field(name: str, label: str, help_text: str, integral: bool = True) -> forms.Field:
     low, high = LIMIT_BOUNDS[name]
-    help_text = f"{help_text} ({low:g}–{high:g})"
+    help_text = f"{help_text} ({format_bound(low)}–{format_bound(high)})"
     if integral:
         return forms.IntegerField(
             label=label, min_value=int(low), max_value=int(high), help_text=help_text

@@ -9,6 +9,7 @@ per parent, limits in range), so a bug in a service or a race cannot store it.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -47,10 +48,50 @@ class TaskSplit(models.TextChoices):
 LIMIT_BOUNDS: dict[str, tuple[float, float]] = {
     "cpu": (0.05, 256),
     "memory_mb": (16, 2_097_152),
-    "pids": (1, 1_000_000),
+    "pids": (4, 1_000_000),  # the sandbox's own init needs three
     "disk_mb": (1, 16_777_216),
     "timeout_s": (1, 86_400),
 }
+
+
+SANDBOX_SPEC_FIELDS = (
+    "driver",
+    "image_ref",
+    "setup_script",
+    "cpu",
+    "memory_mb",
+    "pids",
+    "disk_mb",
+    "timeout_s",
+    "network",
+)
+
+
+def sandbox_spec_dict(values: dict[str, Any], *, image_name: str) -> dict[str, Any]:
+    """A sandboxes-library spec from a version's fields. bwrap images are the host's read-only
+    system plus the setup script, built once and cached by the library; container drivers take
+    the OCI reference."""
+    if values["driver"] == SandboxDriver.BWRAP:
+        image: Any = None
+        if values["setup_script"]:
+            image = {
+                "name": image_name,
+                "setup": values["setup_script"],
+                "network": values["network"],
+            }
+    else:
+        image = values["image_ref"]
+    return {
+        "driver": values["driver"],
+        "image": image,
+        **{name: values[name] for name in ("cpu", "memory_mb", "pids", "disk_mb", "timeout_s")},
+        "network": values["network"],
+    }
+
+
+def format_bound(value: float) -> str:
+    """1000000 as "1,000,000" and 0.05 as "0.05", for messages about limits."""
+    return f"{int(value):,}" if value == int(value) else f"{value:g}"
 
 
 class Rubric(models.Model):
@@ -228,6 +269,14 @@ class SandboxImageVersion(models.Model):
     @property
     def is_draft(self) -> bool:
         return self.status == VersionStatus.DRAFT
+
+    def sandbox_spec(self) -> dict[str, Any]:
+        """The plain spec `sandboxes.SandboxSpec.from_dict` takes for this version: what a run
+        that pins the version starts its sandboxes with."""
+        return sandbox_spec_dict(
+            {name: getattr(self, name) for name in SANDBOX_SPEC_FIELDS},
+            image_name=f"{self.image.team.slug}.{self.image.slug}.v{self.number}",
+        )
 
     def limits(self) -> dict[str, object]:
         return {

@@ -27,6 +27,7 @@ from console.audit.services import audit_record
 from console.registry import specs, tasksets
 from console.registry.models import (
     LIMIT_BOUNDS,
+    SANDBOX_SPEC_FIELDS,
     Domain,
     Rubric,
     RubricVersion,
@@ -38,7 +39,11 @@ from console.registry.models import (
     Task,
     TaskSplit,
     VersionStatus,
+    format_bound,
+    sandbox_spec_dict,
 )
+from sandboxes import SandboxSpec
+from sandboxes.errors import SandboxSpecError
 
 MAX_REPORTED_ROW_ERRORS = 200
 MAX_SETUP_SCRIPT_CHARS = 64 * 1024
@@ -498,17 +503,7 @@ def rubric_version_publish(*, actor: Any, version: RubricVersion) -> RubricVersi
 
 # --- sandbox images -----------------------------------------------------------------------------
 
-SANDBOX_VERSION_FIELDS = (
-    "driver",
-    "image_ref",
-    "setup_script",
-    "cpu",
-    "memory_mb",
-    "pids",
-    "disk_mb",
-    "timeout_s",
-    "network",
-)
+SANDBOX_VERSION_FIELDS = SANDBOX_SPEC_FIELDS
 SANDBOX_DEFAULTS: dict[str, Any] = {
     "driver": SandboxDriver.BWRAP,
     "image_ref": "",
@@ -543,8 +538,9 @@ def sandbox_version_problems(values: Mapping[str, Any]) -> dict[str, list[str]]:
         elif integral and int(value) != value:
             add(name, "must be a whole number")
         elif not (low <= value <= high):
-            add(name, f"must be between {low:g} and {high:g}")
+            add(name, f"must be between {format_bound(low)} and {format_bound(high)}")
     ref = values.get("image_ref") or ""
+    script = values.get("setup_script") or ""
     if not isinstance(ref, str) or len(ref) > 500:
         add("image_ref", "at most 500 characters")
     elif driver in (SandboxDriver.PODMAN, SandboxDriver.DOCKER):
@@ -552,15 +548,32 @@ def sandbox_version_problems(values: Mapping[str, Any]) -> dict[str, list[str]]:
             add("image_ref", f"{driver} needs an image reference such as python:3.11-slim")
         elif not OCI_REF_RE.match(ref):
             add("image_ref", "not an image reference (registry/name:tag or name@sha256:…)")
+        if script:
+            add(
+                "setup_script",
+                f"setup scripts build bwrap images; for {driver}, bake the setup into the image",
+            )
     elif driver == SandboxDriver.BWRAP and ref:
-        path = PurePosixPath(ref)
-        if not path.is_absolute() or ".." in path.parts:
-            add("image_ref", "for bwrap, the base is an absolute root directory without '..'")
-    script = values.get("setup_script") or ""
+        add(
+            "image_ref",
+            "bwrap images start from the host's read-only system: leave this empty and put "
+            "installation steps in the setup script",
+        )
     if not isinstance(script, str) or len(script) > MAX_SETUP_SCRIPT_CHARS:
         add("setup_script", f"at most {MAX_SETUP_SCRIPT_CHARS:,} characters")
     elif "\x00" in script:
         add("setup_script", "must not contain NUL bytes")
+    if not problems:
+        # The sandboxes library has the last word: a version it would refuse is never stored.
+        spec = sandbox_spec_dict(dict(values), image_name="registry-check")
+        try:
+            SandboxSpec.from_dict(spec)
+        except SandboxSpecError as refused:
+            for name, message in refused.errors.items():
+                target = {"image": "setup_script" if driver == "bwrap" else "image_ref"}.get(
+                    name, name
+                )
+                add(target if target in SANDBOX_VERSION_FIELDS else "driver", message)
     return problems
 
 

@@ -254,7 +254,7 @@ def test_duplicate_slugs_and_bad_limits_answer_422(
     assert dup.json()["errors"] == {"slug": ["this team already has a domain with the slug 'math'"]}
     bad = send(client, "POST", f"{API}/sandbox-images", {"slug": "s", "title": "S", "pids": 0})
     assert bad.status_code == 422 and bad.json()["errors"] == {
-        "pids": ["must be between 1 and 1e+06"]
+        "pids": ["must be between 4 and 1,000,000"]
     }
 
 
