@@ -101,6 +101,15 @@ def _stat_value(path: Path, key: str) -> int | None:
     return None
 
 
+def _subdirs(path: Path) -> list[Path]:
+    """Child groups (directory entries; d_type, so no stat per control file)."""
+    try:
+        with os.scandir(path) as entries:
+            return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+
+
 def _rmdir_patiently(path: Path, deadline: float) -> None:
     delay = 0.0005
     while True:
@@ -126,18 +135,18 @@ class CgroupGroup:
     def pids(self) -> set[int]:
         """Every process in the group, runs' child groups included."""
         # Processes join all hierarchies at once (before exec), so one hierarchy is enough.
+        # Only the memory hierarchy (v1) and the unified one (v2) have per-run children.
         for controller in ("pids", "freezer", "memory", "unified"):
             if controller in self.dirs:
-                return self._pids_below(self.dirs[controller])
+                path = self.dirs[controller]
+                nested = controller in ("memory", "unified")
+                return self._pids_in([path, *_subdirs(path)] if nested else [path])
         return set()
 
     @staticmethod
-    def _pids_below(path: Path) -> set[int]:
+    def _pids_in(directories: list[Path]) -> set[int]:
         found: set[int] = set()
-        candidates = [path]
-        with contextlib.suppress(FileNotFoundError):
-            candidates += [p for p in path.iterdir() if p.is_dir()]
-        for directory in candidates:
+        for directory in directories:
             try:
                 found.update(int(x) for x in _read(directory / "cgroup.procs").split())
             except FileNotFoundError:
@@ -182,9 +191,8 @@ class CgroupGroup:
         self.kill_all(timeout)
         deadline = time.monotonic() + timeout
         for path in self.dirs.values():
-            with contextlib.suppress(FileNotFoundError):
-                for child in [p for p in path.iterdir() if p.is_dir()]:
-                    _rmdir_patiently(child, deadline)
+            for child in _subdirs(path):
+                _rmdir_patiently(child, deadline)
             _rmdir_patiently(path, deadline)
 
 
