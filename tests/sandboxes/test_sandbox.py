@@ -291,8 +291,8 @@ def test_leftovers_of_a_crashed_owner_are_reaped(tmp_path):
         "import sys\n"
         "from sandboxes import Sandbox, SandboxSpec\n"
         "sandbox = Sandbox(SandboxSpec(timeout_s=60)).open()\n"
-        "print(sandbox.name, flush=True)\n"
-        "sandbox.run(['sleep', '60'])\n"
+        "sandbox.run(['sh', '-c', 'echo running; sleep 60'],\n"
+        "            on_stdout=lambda text: print(sandbox.name, flush=True))\n"
     )
     owner = subprocess.Popen(
         [sys.executable, str(script)],
@@ -302,8 +302,7 @@ def test_leftovers_of_a_crashed_owner_are_reaped(tmp_path):
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     assert owner.stdout is not None
-    name = owner.stdout.readline().strip()
-    time.sleep(0.5)
+    name = owner.stdout.readline().strip()  # printed once the command runs in the sandbox
     owner.kill()  # SIGKILL: no chance to clean up
     owner.wait()
     deadline = time.monotonic() + 10
