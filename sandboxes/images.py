@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.errors import ImageBuildError, SandboxError, SandboxSpecError
+from sandboxes.workspace import ensure_private_dir
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -177,7 +178,7 @@ def build_image(image: ImageSpec) -> BuiltImage:
         if digest in _built and _built[digest].path.is_dir():
             return _built[digest]
         cache = image_cache_dir()
-        cache.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(cache)
         os.chmod(cache, 0o711)  # noqa: S103 - sandboxes must reach their image
         final = cache / digest.replace(":", "-")
         _remove_abandoned_builds(cache)

@@ -42,8 +42,22 @@ def sandboxes_root() -> Path:
     return Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))  # noqa: S108
 
 
+def ensure_private_dir(path: Path) -> None:
+    """Creates ``path`` or checks it is a real directory of ours.
+
+    The default roots sit in world-writable /tmp and /var/tmp, where anyone could have planted
+    a symlink or a directory of their own under the same name before us.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise SandboxError(f"{path} is not a plain directory (a planted symlink?): refusing")
+    if info.st_uid != os.geteuid():
+        raise SandboxError(f"{path} belongs to uid {info.st_uid}, not to us: refusing")
+
+
 def ensure_root(root: Path) -> None:
-    root.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(root)
     os.chmod(root, 0o711)  # noqa: S103 - the sandbox uid may pass through, never list other sandboxes
 
 

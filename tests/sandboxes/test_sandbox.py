@@ -390,3 +390,13 @@ def test_cli_copies_files_feeds_stdin_and_reports_the_machine(tmp_path):
     report = json.loads(check.stdout)
     assert report["cgroup_version"] in (1, 2)
     assert set(report["defences"]) >= {"cgroup_memory", "disk_limit", "seccomp"}
+
+
+def test_a_planted_symlink_in_place_of_the_root_is_refused(tmp_path, monkeypatch):
+    planted = tmp_path / "planted-root"
+    planted.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("SANDBOXES_ROOT", str(planted))
+    with pytest.raises(SandboxError, match="not a plain directory"):
+        Sandbox(SandboxSpec()).open()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
