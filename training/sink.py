@@ -170,7 +170,8 @@ class QueueingSink:
 
     ``maxsize`` bounds the queue (in calls, not items). ``trajectory_batch`` is the most
     trajectories merged into one call of the wrapped sink. Call `close` (or use ``with``) to
-    drain the queue and stop the thread; `flush` waits until everything queued so far is
+    drain the queue and stop the thread (and close the wrapped sink too, unless
+    ``close_inner`` is false: the caller keeps it); `flush` waits until everything queued so far is
     delivered.
     """
 
@@ -180,10 +181,12 @@ class QueueingSink:
         maxsize: int = 256,
         trajectory_batch: int = 256,
         max_kept_errors: int = 5,
+        close_inner: bool = True,
     ) -> None:
         if maxsize < 2:
             raise ValueError("maxsize must be at least 2")
         self.inner = inner
+        self.close_inner = close_inner
         self.trajectory_batch = trajectory_batch
         self.dropped_trajectories = 0
         self.blocked_s = 0.0
@@ -231,7 +234,7 @@ class QueueingSink:
         self._put_reliably(_STOP, report=False)
         self._closed = True
         self._thread.join()
-        closer = getattr(self.inner, "close", None)
+        closer = getattr(self.inner, "close", None) if self.close_inner else None
         if callable(closer):
             closer()
         if self.error_count:

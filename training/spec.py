@@ -538,20 +538,11 @@ def _deepspeed(check: _Checker, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rollout(check: _Checker, data: dict[str, Any]) -> dict[str, Any]:
-    try:
-        from training.rollout.base import RolloutEngineConfig
-    except ImportError:  # the rollout package is not importable: check the engine name only
-        engine = data.get("engine", "hf")
-        if engine not in ("hf", "vllm"):
-            check.add("rollout.engine", f"must be 'hf' or 'vllm', got {engine!r}")
-        return data
-    known = {f.name for f in fields(RolloutEngineConfig)}
-    check.unknown(data, known, "rollout")
-    if set(data) <= known:
-        try:
-            RolloutEngineConfig(**data)
-        except (TypeError, ValueError) as exc:
-            check.add("rollout", str(exc))
+    from training.rollout.base import RolloutEngineConfig, validate_engine_config_fields
+
+    check.unknown(data, {f.name for f in fields(RolloutEngineConfig)}, "rollout")
+    for problem in validate_engine_config_fields(data):
+        check.add(f"rollout.{problem.split(':', 1)[0]}", problem.split(":", 1)[-1].strip())
     return data
 
 

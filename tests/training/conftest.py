@@ -14,7 +14,11 @@ import pytest
 
 TINY_RUBRIC = {
     "version": 1,
-    "criteria": [{"name": "correct", "kind": "math_equivalence", "weight": 1.0, "params": {}}],
+    "criteria": [
+        {"name": "correct", "kind": "math_equivalence", "weight": 1.0, "params": {}},
+        # an untrained model sometimes writes a digit: rewards vary, so gradients are non-zero
+        {"name": "digit", "kind": "regex_match", "weight": 0.5, "params": {"pattern": "[0-9]"}},
+    ],
 }
 
 

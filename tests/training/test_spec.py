@@ -115,3 +115,10 @@ def test_from_json_file_reports_broken_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(SpecError, match="not valid JSON"):
         RunSpec.from_json_file(path)
+
+
+def test_rollout_options_are_checked_by_name():
+    with pytest.raises(SpecError) as caught:
+        RunSpec.from_dict(minimal_spec(rollout={"engine": "sglang", "max_model_len": 0, "x": 1}))
+    paths = {error.split(":")[0] for error in caught.value.errors}
+    assert {"rollout.engine", "rollout.max_model_len", "rollout.x"} <= paths

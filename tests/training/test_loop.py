@@ -1,0 +1,161 @@
+"""The run loop on the tiny model: exact resume, preemption, cancellation, live overrides,
+domain mixing, trajectories with provenance, failures reported rather than raised."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.training.conftest import tiny_spec
+from training.checkpoint import list_checkpoints
+from training.control import StaticControl
+from training.loop import DomainMixSampler, mix_counts, run
+from training.sink import ListSink
+from training.spec import RunSpec
+
+# live overrides at step 1 (the second step): they must survive a preemption at step 2
+OVERRIDES = {1: {"domain_weights": {"arith_b": 3.0}, "kl_coef": 0.05, "temperature": 0.9}}
+
+
+def comparable(metrics):
+    return {
+        k: v
+        for k, v in metrics.items()
+        if not k.startswith(("timing_s/", "perf/throughput", "perf/rollout"))
+    }
+
+
+def assert_same_metrics(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if math.isnan(a[key]):
+            assert math.isnan(b[key]), key
+        else:
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.slow
+def test_a_run_resumed_after_preemption_matches_an_uninterrupted_one(tiny_model_dir, tmp_path):
+    straight_dir = tmp_path / "straight"
+    spec = RunSpec.from_dict(
+        tiny_spec(
+            tiny_model_dir,
+            straight_dir,
+            max_steps=4,
+            checkpoint={"dir": str(straight_dir / "ckpt"), "every_steps": 1, "keep_last": 2},
+        )
+    )
+    straight = ListSink()
+    outcome = run(spec, straight, StaticControl(overrides_at=OVERRIDES))
+    assert outcome.status == "completed" and outcome.step == 4, outcome.error
+    assert [p.name for p in list_checkpoints(straight_dir / "ckpt")] == [
+        "step_00000003",
+        "step_00000004",
+    ]
+
+    resumed_dir = tmp_path / "resumed"
+    spec = RunSpec.from_dict(tiny_spec(tiny_model_dir, resumed_dir, max_steps=4))
+    first = ListSink()
+    preempted = run(spec, first, StaticControl(preempt_at=2, overrides_at=OVERRIDES))
+    assert preempted.status == "preempted" and preempted.step == 2
+    assert preempted.checkpoint and preempted.checkpoint.endswith("step_00000002")
+    assert "run.preempted" in first.event_kinds()
+    assert first.checkpoints[0]["reason"] == "preempt"
+
+    second = ListSink()
+    control = StaticControl()
+    resumed = run(spec, second, control)  # resume: "latest" by default
+    assert resumed.status == "completed" and resumed.step == 4
+    assert control.polled == [2, 3]
+    assert "run.resumed" in second.event_kinds()
+
+    for step in (1, 2):
+        assert_same_metrics(
+            comparable(straight.metrics_at(step)), comparable(first.metrics_at(step))
+        )
+    for step in (3, 4):
+        assert_same_metrics(
+            comparable(straight.metrics_at(step)), comparable(second.metrics_at(step))
+        )
+    # the run learned something (non-zero gradients), so agreement is not trivially true
+    assert straight.metrics_at(3)["actor/grad_norm"] > 0
+    # the overrides were applied and carried over the preemption
+    late = second.metrics_at(3)
+    assert late["kl_coef"] == 0.05 and late["sampling/temperature"] == 0.9
+    assert late["mix/arith_b/prompts"] == 3 and late["mix/arithmetic/prompts"] == 1
+    kinds = straight.event_kinds()
+    assert {"mix.weights_changed", "kl.coef_changed", "sampling.temperature_changed"} <= set(kinds)
+
+    trajectory = straight.trajectory_items[-1]
+    provenance = trajectory["provenance"]
+    assert provenance["run"] == "tiny" and provenance["step"] == 4
+    assert provenance["policy_version"] == 3  # sampled before the fourth update
+    assert provenance["rubric_version"].startswith("1:")
+    assert set(trajectory["reward"]["breakdown"]) == {"correct", "digit"}
+    assert len(straight.trajectory_items) == 4 * 4 * 2  # steps x prompts x group size
+    metrics = straight.metrics_at(2)
+    for name in (
+        "reward/arithmetic/mean",
+        "reward/arith_b/digit/mean",
+        "pass_rate",
+        "response_length/clip_ratio",
+        "actor/kl",
+        "actor/entropy",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/grad_norm",
+        "actor/lr",
+        "frac_reward_zero_std",
+        "perf/throughput",
+        "timing_s/rollout",
+        "timing_s/tools",
+        "timing_s/reward",
+        "timing_s/train",
+        "timing_s/weight_sync",
+    ):
+        assert name in metrics, name
+
+
+def test_cancel_stops_before_the_step_without_a_checkpoint(tiny_model_dir, tmp_path):
+    spec = RunSpec.from_dict(tiny_spec(tiny_model_dir, tmp_path, max_steps=3))
+    sink = ListSink()
+    outcome = run(spec, sink, StaticControl(cancel_at=1))
+    assert outcome.status == "cancelled" and outcome.step == 1
+    assert outcome.checkpoint is None and not sink.checkpoints
+    assert sink.event_kinds()[-1] == "run.cancelled"
+
+
+def test_a_failure_is_an_outcome_and_an_event_not_an_exception(tmp_path, tiny_model_dir):
+    spec = RunSpec.from_dict(tiny_spec(tmp_path / "no-model", tmp_path))
+    sink = ListSink()
+    outcome = run(spec, sink, StaticControl())
+    assert outcome.status == "failed" and "not a model directory" in outcome.error
+    kind, data = sink.events[-1]
+    assert kind == "run.failed" and "Traceback" in data["traceback"]
+
+
+def test_mix_counts_are_proportional_and_exact_over_steps():
+    counts, carry = mix_counts({"a": 1, "b": 1, "c": 1}, 4)
+    assert sum(counts.values()) == 4 and sorted(counts.values()) == [1, 1, 2]
+    totals = dict.fromkeys("abc", 0)
+    carry = None
+    for _ in range(30):
+        counts, carry = mix_counts({"a": 1, "b": 1, "c": 1}, 4, carry)
+        for name, count in counts.items():
+            totals[name] += count
+    assert totals == {"a": 40, "b": 40, "c": 40}
+    counts, _ = mix_counts({"a": 3, "b": 1, "z": 0}, 8)
+    assert counts == {"a": 6, "b": 2, "z": 0}
+
+
+def test_the_sampler_resumes_from_its_state_and_covers_each_epoch():
+    tasks = {"a": [{"prompt": f"a{i}"} for i in range(5)], "b": [{"prompt": "b"}]}
+    sampler = DomainMixSampler(tasks, seed=1)
+    first_epoch = [t["prompt"] for _, t in sampler.draw({"a": 1, "b": 0}, 5)]
+    assert sorted(first_epoch) == [f"a{i}" for i in range(5)]
+    state = sampler.state_dict()
+    following = sampler.draw({"a": 1, "b": 1}, 4)
+    again = DomainMixSampler(tasks, seed=1)
+    again.load_state_dict(state)
+    assert again.draw({"a": 1, "b": 1}, 4) == following

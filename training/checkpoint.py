@@ -1,0 +1,140 @@
+"""Checkpoints that resume exactly: model, optimiser, sampler and RNG state, and the step.
+
+Layout under the run's checkpoint directory (one sub-directory per checkpoint)::
+
+    ckpt/
+      step_00000004/
+        <DeepSpeed's files: model and optimiser state, per rank, any ZeRO stage>
+        run_state.json        the loop's state: step, sampler, live overrides, policy version
+        rng_rank0.pt ...      torch / numpy / python RNG state of each rank
+        hf/                   the policy as a Hugging Face directory (ZeRO 0-2), for serving
+        COMPLETE              written last, by rank 0, after every rank finished
+      latest                  DeepSpeed's pointer (informative; `find_latest` reads COMPLETE)
+
+A checkpoint without ``COMPLETE`` (the job died while writing) is never resumed from, so a
+crash during a save falls back to the previous checkpoint instead of loading half a state.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "capture_rng_state",
+    "find_latest",
+    "list_checkpoints",
+    "load_checkpoint",
+    "restore_rng_state",
+    "save_checkpoint",
+]
+
+COMPLETE_MARKER = "COMPLETE"
+_PREFIX = "step_"
+
+
+def _tag(step: int) -> str:
+    return f"{_PREFIX}{step:08d}"
+
+
+def capture_rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [
+        path
+        for path in root.iterdir()
+        if path.is_dir() and path.name.startswith(_PREFIX) and (path / COMPLETE_MARKER).is_file()
+    ]
+    return sorted(found, key=lambda p: p.name)
+
+
+def find_latest(root: str | Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def save_checkpoint(
+    trainer: Any, root: str | Path, step: int, run_state: dict[str, Any], keep_last: int
+) -> Path:
+    """Saves (a collective call: every rank) and prunes to the ``keep_last`` newest."""
+    import torch.distributed as dist
+
+    root = Path(root)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tag = _tag(step)
+    path = root / tag
+    if rank == 0 and path.exists():  # a re-save of the same step replaces it whole
+        shutil.rmtree(path)
+    _barrier()
+    trainer.engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
+    torch.save(capture_rng_state(), path / f"rng_rank{rank}.pt")
+    if rank == 0:
+        (path / "run_state.json").write_text(json.dumps(run_state, indent=1, sort_keys=True))
+        if trainer.zero_stage < 3:
+            trainer.module.save_pretrained(path / "hf", safe_serialization=True)
+            trainer.tokenizer.save_pretrained(path / "hf")
+    _barrier()
+    if rank == 0:
+        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step}) + "\n")
+        for old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return path
+
+
+def load_checkpoint(trainer: Any, path: str | Path) -> dict[str, Any]:
+    """Loads model, optimiser and this rank's RNG state; returns the loop's run state."""
+    import torch.distributed as dist
+
+    path = Path(path)
+    if not (path / COMPLETE_MARKER).is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER})")
+    loaded, _ = trainer.engine.load_checkpoint(
+        str(path.parent),
+        tag=path.name,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+    )
+    if loaded is None:
+        raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rng_file = path / f"rng_rank{rank}.pt"
+    if not rng_file.is_file():
+        raise FileNotFoundError(
+            f"{rng_file} is missing: was this checkpoint written with a different world size?"
+        )
+    restore_rng_state(torch.load(rng_file, weights_only=False))
+    return dict(json.loads((path / "run_state.json").read_text()))

@@ -1,0 +1,860 @@
+"""`run(spec, sink, control)`: the closed loop generate → (tools) → score → update → sync.
+
+One step:
+
+1. ``control.poll(step)``: cancel, preempt (checkpoint, then return), live overrides (domain
+   weights, KL coefficient, temperature; each change is an event).
+2. **Domain-mixed draw**: ``prompts_per_step`` tasks, each domain in proportion to its weight
+   (`DomainMixSampler`: largest remainder with a carried deficit, so over steps each domain's
+   share converges exactly to its weight even when a step cannot split evenly), each domain's
+   tasks reshuffled every epoch. Prompt groups are sharded round-robin over the ranks.
+3. **Rollout** of ``group_size`` samples per prompt on this rank's rollout engine (tasks with
+   tools run as multi-turn episodes in sandboxes through `training.agent` when tools are on).
+4. **Reward**: the domain's rubric (`rewards.Rubric.from_spec(...).score_batch`).
+5. **Advantages** (`training.algorithms.compute_advantages`, groups never span ranks), KL in
+   the reward if asked, zero-variance groups dropped if the algorithm says so (DAPO).
+6. **Update**: `Trainer.train_step` over token-budget micro-batches (``epochs`` x
+   ``mini_batches`` optimiser steps; the old log-probabilities are recomputed first when a
+   batch is used more than once).
+7. **Weight sync** to the rollout engine (the new policy version), then metrics, trajectories
+   (with reward breakdown and provenance), checkpoints every N steps, held-out evaluation.
+
+Determinism: sampling seeds derive from ``(seed, step, rank)``, the sampler's state and every
+RNG are in the checkpoint, so a run resumed from step k produces at step k+1 the same metrics
+as a run that was never interrupted (CPU, fixed seed; tested).
+
+Distributed: every rank runs this function (``deepspeed``/``torchrun`` launcher). Rank 0 polls
+the control and broadcasts its decision, gathers samples for metrics and trajectories, and is
+the only one that writes to the sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.batching import TrainRow, shard_groups
+from training.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from training.control import Control, ControlDecision, Overrides
+from training.metrics import SampleRecord, eval_metrics, sample_metrics
+from training.sink import NullSink, QueueingSink, Sink
+from training.spec import DomainSpec, RunSpec
+
+__all__ = ["DomainMixSampler", "RunOutcome", "load_tasks", "mix_counts", "run"]
+
+
+@dataclass
+class RunOutcome:
+    status: str  # "completed" | "preempted" | "cancelled" | "failed"
+    step: int  # steps completed (the next step to run on resume)
+    checkpoint: str | None = None
+    error: str | None = None
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------ tasks
+
+
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
+    tasks = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+            if not isinstance(task, dict) or not isinstance(task.get("prompt"), str):
+                raise ValueError(f"{path}:{number}: a task needs a string 'prompt'")
+            tasks.append(task)
+    if not tasks:
+        raise ValueError(f"{path}: no tasks")
+    return tasks
+
+
+def _from_source(domain: DomainSpec, source: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    if source["kind"] == "jsonl":
+        return _read_jsonl(source["path"])
+    from training.demo.domains import get_domain
+
+    demo = get_domain(source.get("domain", domain.name))
+    default_n = 256 if split == "train" else 64
+    return demo.make_tasks(int(source.get("n", default_n)), int(source.get("seed", 0)), split)
+
+
+def load_tasks(domain: DomainSpec, split: str = "train") -> list[dict[str, Any]]:
+    """The domain's training tasks, or its held-out ones (``split="test"``: ``eval_tasks``,
+    ``eval_source``, else the demo source's test split, else none)."""
+    if split == "train":
+        if domain.tasks is not None:
+            return list(domain.tasks)
+        assert domain.task_source is not None
+        return _from_source(domain, domain.task_source, source_split(domain.task_source))
+    if domain.eval_tasks is not None:
+        return list(domain.eval_tasks)
+    if domain.eval_source is not None:
+        return _from_source(domain, domain.eval_source, source_split(domain.eval_source, "test"))
+    if domain.task_source is not None and domain.task_source.get("kind") == "demo":
+        return _from_source(domain, {**domain.task_source, "split": "test"}, "test")
+    return []
+
+
+def source_split(source: dict[str, Any], default: str = "train") -> str:
+    return str(source.get("split", default))
+
+
+# ------------------------------------------------------------------------------ mixing
+
+
+def mix_counts(
+    weights: dict[str, float], total: int, carry: dict[str, float] | None = None
+) -> tuple[dict[str, int], dict[str, float]]:
+    """Splits ``total`` prompts over domains in proportion to ``weights``.
+
+    Largest remainder on ``total * share + carry``; the carry (what each domain was owed or
+    got in excess so far) makes the long-run shares exact. Returns ``(counts, new_carry)``.
+    """
+    carry = dict(carry or {})
+    positive = {name: w for name, w in weights.items() if w > 0}
+    weight_sum = sum(positive.values())
+    if weight_sum <= 0:
+        raise ValueError("at least one domain needs a weight > 0")
+    ideal = {
+        name: total * positive.get(name, 0.0) / weight_sum + carry.get(name, 0.0)
+        for name in weights
+    }
+    counts = {name: max(0, math.floor(value)) for name, value in ideal.items()}
+    left = total - sum(counts.values())
+    order = sorted(
+        (name for name in weights if positive.get(name, 0.0) > 0),
+        key=lambda name: (-(ideal[name] - math.floor(ideal[name])), list(weights).index(name)),
+    )
+    i = 0
+    while left > 0 and order:
+        counts[order[i % len(order)]] += 1
+        left -= 1
+        i += 1
+    while left < 0:  # a large negative carry can leave too many; take from the largest
+        name = max(counts, key=lambda n: counts[n])
+        counts[name] -= 1
+        left += 1
+    new_carry = {
+        name: (total * positive.get(name, 0.0) / weight_sum + carry.get(name, 0.0)) - counts[name]
+        for name in weights
+    }
+    return counts, new_carry
+
+
+class DomainMixSampler:
+    """Draws each step's tasks: per-domain shuffles (a new permutation each epoch, from the
+    seed), counts from `mix_counts`. Its whole state is `state_dict` (checkpointed)."""
+
+    def __init__(self, tasks: dict[str, list[dict[str, Any]]], seed: int) -> None:
+        self.tasks = tasks
+        self.seed = seed
+        self.cursor = dict.fromkeys(tasks, 0)
+        self.epoch = dict.fromkeys(tasks, 0)
+        self.carry: dict[str, float] = dict.fromkeys(tasks, 0.0)
+
+    def _order(self, name: str) -> list[int]:
+        domain_index = list(self.tasks).index(name)
+        rng = np.random.default_rng([self.seed, domain_index, self.epoch[name]])
+        return [int(i) for i in rng.permutation(len(self.tasks[name]))]
+
+    def _take(self, name: str, count: int) -> list[dict[str, Any]]:
+        taken = []
+        order = self._order(name)
+        for _ in range(count):
+            if self.cursor[name] >= len(order):
+                self.epoch[name] += 1
+                self.cursor[name] = 0
+                order = self._order(name)
+            taken.append(self.tasks[name][order[self.cursor[name]]])
+            self.cursor[name] += 1
+        return taken
+
+    def draw(self, weights: dict[str, float], total: int) -> list[tuple[str, dict[str, Any]]]:
+        counts, self.carry = mix_counts(weights, total, self.carry)
+        drawn: list[tuple[str, dict[str, Any]]] = []
+        for name in self.tasks:
+            drawn.extend((name, task) for task in self._take(name, counts.get(name, 0)))
+        return drawn
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cursor": dict(self.cursor), "epoch": dict(self.epoch), "carry": dict(self.carry)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor = {k: int(v) for k, v in state["cursor"].items()}
+        self.epoch = {k: int(v) for k, v in state["epoch"].items()}
+        self.carry = {k: float(v) for k, v in state["carry"].items()}
+
+
+# ------------------------------------------------------------------------------ distributed
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+def _broadcast(value: Any, rank: int, world: int) -> Any:
+    if world == 1:
+        return value
+    holder = [value if rank == 0 else None]
+    _dist().broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def _gather(items: list[Any], world: int) -> list[Any]:
+    if world == 1:
+        return items
+    gathered: list[Any] = [None] * world
+    _dist().all_gather_object(gathered, items)
+    return [item for part in gathered for item in part]
+
+
+def _seed_for(*parts: int) -> int:
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _rubric_version(rubric_spec: dict[str, Any]) -> str:
+    canonical = json.dumps(rubric_spec, sort_keys=True, separators=(",", ":"))
+    return f"{rubric_spec.get('version', 0)}:{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class _Sampled:
+    """One sample of this step on this rank, through rollout and reward."""
+
+    domain: str
+    group: int  # global prompt index of this step
+    task: dict[str, Any]
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    policy_version: int
+    messages: list[dict[str, Any]] | None = None
+    turns: list[tuple[list[int], list[int], list[float]]] | None = None  # multi-turn episodes
+    tool_seconds: float = 0.0
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    sandbox_image: str | None = None
+    reward: float = 0.0
+    breakdown: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class _Run:
+    def __init__(self, spec: RunSpec, sink: Sink, control: Control) -> None:
+        from rewards.rubric import Rubric
+        from training.rollout.base import make_engine
+        from training.trainer import Trainer
+
+        self.spec = spec
+        self.control = control
+        self.started = time.perf_counter()
+        self.model_dir = _resolve_model(spec.base_model)
+        ewc_penalty = None
+        if spec.ewc.strength > 0:
+            from training.ewc import EWCPenalty
+
+            assert spec.ewc.fisher_path and spec.ewc.anchor_path
+            ewc_penalty = EWCPenalty.from_paths(
+                spec.ewc.fisher_path, spec.ewc.anchor_path, strength=spec.ewc.strength
+            )
+        self.trainer = Trainer(
+            self.model_dir,
+            spec.deepspeed,
+            spec.lr,
+            seed=spec.seed,
+            reference=spec.kl.reference or spec.kl.coef > 0,
+            micro_batch_tokens=spec.batch.micro_batch_tokens,
+            ewc_penalty=ewc_penalty,
+        )
+        self.rank, self.world = self.trainer.rank, self.trainer.world_size
+        self.sink: Sink = sink if self.rank == 0 else NullSink()
+        self.engine = make_engine(spec.rollout_engine_config(), self.model_dir)
+        self.tokenizer = self.trainer.tokenizer
+        self.rubrics = {d.name: Rubric.from_spec(d.rubric_spec) for d in spec.domains}
+        self.rubric_versions = {d.name: _rubric_version(d.rubric_spec) for d in spec.domains}
+        self.domains = {d.name: d for d in spec.domains}
+        self.sampler = DomainMixSampler({d.name: load_tasks(d) for d in spec.domains}, spec.seed)
+        empty = [name for name, tasks in self.sampler.tasks.items() if not tasks]
+        if empty:
+            raise ValueError(f"domains without training tasks: {', '.join(empty)}")
+        self.eval_tasks = {d.name: load_tasks(d, "test") for d in spec.domains}
+        self.weights = spec.domain_weights
+        self.kl_coef = spec.kl.coef
+        self.temperature = spec.sampling.temperature
+        self.step = 0
+        self.eval_history: list[tuple[int, dict[str, float]]] = []
+        self.last_checkpoint: str | None = None
+
+    # -------------------------------------------------------------- state
+
+    def run_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "sampler": self.sampler.state_dict(),
+            "weights": self.weights,
+            "kl_coef": self.kl_coef,
+            "temperature": self.temperature,
+            "spec_name": self.spec.name,
+        }
+
+    def save(self, reason: str) -> str | None:
+        root = self.spec.checkpoint.dir
+        if root is None:
+            return None
+        path = save_checkpoint(
+            self.trainer, root, self.step, self.run_state(), self.spec.checkpoint.keep_last
+        )
+        self.last_checkpoint = str(path)
+        self.sink.checkpoint(
+            {"step": self.step, "path": str(path), "reason": reason, "policy_version": self.step}
+        )
+        return str(path)
+
+    def maybe_resume(self) -> None:
+        setting = self.spec.checkpoint.resume
+        if setting == "none":
+            return
+        if setting == "latest":
+            if self.spec.checkpoint.dir is None:
+                return
+            path = find_latest(self.spec.checkpoint.dir)
+            if path is None:
+                return
+        else:
+            path = Path(setting)
+        state = load_checkpoint(self.trainer, path)
+        self.step = int(state["step"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.weights = {k: float(v) for k, v in state["weights"].items()}
+        self.kl_coef = float(state["kl_coef"])
+        self.temperature = float(state["temperature"])
+        self.sync_weights()
+        self.sink.event("run.resumed", {"step": self.step, "checkpoint": str(path)})
+
+    def sync_weights(self) -> float:
+        started = time.perf_counter()
+        self.engine.update_weights(self.trainer.named_tensors(), self.step)
+        return time.perf_counter() - started
+
+    # -------------------------------------------------------------- control
+
+    def apply_overrides(self, overrides: Overrides) -> None:
+        if overrides.domain_weights is not None:
+            unknown = sorted(set(overrides.domain_weights) - set(self.weights))
+            if unknown:
+                self.sink.event(
+                    "control.override_refused",
+                    {"step": self.step, "reason": f"unknown domain(s) {', '.join(unknown)}"},
+                )
+            else:
+                new = {**self.weights, **overrides.domain_weights}
+                if not any(w > 0 for w in new.values()):
+                    self.sink.event(
+                        "control.override_refused",
+                        {"step": self.step, "reason": "every domain weight would be 0"},
+                    )
+                elif new != self.weights:
+                    self.sink.event(
+                        "mix.weights_changed",
+                        {"step": self.step, "old": self.weights, "new": new},
+                    )
+                    self.weights = new
+        if overrides.kl_coef is not None and overrides.kl_coef != self.kl_coef:
+            if overrides.kl_coef > 0 and self.trainer.reference_model is None:
+                self.sink.event(
+                    "control.override_refused",
+                    {"step": self.step, "reason": "kl_coef > 0 needs kl.reference: true"},
+                )
+            else:
+                self.sink.event(
+                    "kl.coef_changed",
+                    {"step": self.step, "old": self.kl_coef, "new": overrides.kl_coef},
+                )
+                self.kl_coef = overrides.kl_coef
+        if overrides.temperature is not None and overrides.temperature != self.temperature:
+            self.sink.event(
+                "sampling.temperature_changed",
+                {"step": self.step, "old": self.temperature, "new": overrides.temperature},
+            )
+            self.temperature = overrides.temperature
+
+    # -------------------------------------------------------------- rollout
+
+    def _max_new_tokens(self, domain: str, task: dict[str, Any]) -> int:
+        configured = self.domains[domain].max_new_tokens
+        if configured is not None:
+            return configured
+        return min(
+            int(task.get("metadata", {}).get("max_new_tokens", self.spec.sampling.max_new_tokens)),
+            self.spec.sampling.max_new_tokens,
+        )
+
+    def rollout(
+        self,
+        items: Sequence[tuple[int, str, dict[str, Any]]],
+        n: int,
+        temperature: float,
+        seed: int,
+    ) -> list[_Sampled]:
+        """``n`` samples for each ``(group, domain, task)``; tool tasks as agent episodes."""
+        from training.rollout.base import SamplingConfig
+
+        results: list[_Sampled] = []
+        plain = [it for it in items if not self._uses_tools(it[2])]
+        with_tools = [it for it in items if self._uses_tools(it[2])]
+        by_limit: dict[int, list[tuple[int, str, dict[str, Any]]]] = {}
+        for item in plain:
+            by_limit.setdefault(self._max_new_tokens(item[1], item[2]), []).append(item)
+        for limit, chunk in sorted(by_limit.items()):
+            sampling = SamplingConfig(
+                temperature=temperature,
+                top_p=self.spec.sampling.top_p,
+                max_new_tokens=limit,
+                n=n,
+                seed=_seed_for(seed, limit),
+            )
+            outputs = self.engine.generate([task["prompt"] for _, _, task in chunk], sampling)
+            for (group, domain, task), samples in zip(chunk, outputs, strict=True):
+                for out in samples:
+                    results.append(
+                        _Sampled(
+                            domain=domain,
+                            group=group,
+                            task=task,
+                            prompt_ids=list(out.prompt_token_ids),
+                            response_ids=list(out.token_ids),
+                            logprobs=list(out.logprobs),
+                            text=out.text,
+                            finish_reason=out.finish_reason,
+                            policy_version=out.policy_version,
+                        )
+                    )
+        if with_tools:
+            results.extend(self._episodes(with_tools, n, temperature, seed))
+        order = {id(item[2]): i for i, item in enumerate(items)}
+        results.sort(key=lambda s: order[id(s.task)])
+        return results
+
+    def _uses_tools(self, task: dict[str, Any]) -> bool:
+        return self.spec.tools.enabled and bool(task.get("metadata", {}).get("tools"))
+
+    def _episodes(
+        self,
+        items: Sequence[tuple[int, str, dict[str, Any]]],
+        n: int,
+        temperature: float,
+        seed: int,
+    ) -> list[_Sampled]:
+        from training.agent import AgentConfig, run_episodes
+        from training.rollout.base import SamplingConfig
+
+        tools = self.spec.tools
+        config = AgentConfig(
+            max_turns=tools.max_turns,
+            max_total_tokens=tools.max_total_tokens,
+            max_new_tokens_per_turn=self.spec.sampling.max_new_tokens,
+            tool_timeout_s=tools.timeout_s,
+            observation_max_chars=max(1, tools.max_tool_output_chars),
+        )
+        sampling = SamplingConfig(
+            temperature=temperature,
+            top_p=self.spec.sampling.top_p,
+            max_new_tokens=self.spec.sampling.max_new_tokens,
+            n=n,
+            seed=_seed_for(seed, -1),
+        )
+        trajectories = run_episodes(self.engine, [task for _, _, task in items], sampling, config)
+        results = []
+        for index, trajectory in enumerate(trajectories):
+            group, domain, task = items[index // n]
+            turns = [
+                (list(s.output.prompt_token_ids), list(s.output.token_ids), list(s.output.logprobs))
+                for s in trajectory.steps
+            ]
+            observations = [
+                {
+                    "tool": o.tool,
+                    "stdout": o.stdout,
+                    "stderr": o.stderr,
+                    "exit_code": o.exit_code,
+                    "timed_out": o.timed_out,
+                    "wall_s": o.wall_s,
+                }
+                for s in trajectory.steps
+                for o in s.observations
+            ]
+            last = trajectory.steps[-1].output if trajectory.steps else None
+            results.append(
+                _Sampled(
+                    domain=domain,
+                    group=group,
+                    task=task,
+                    prompt_ids=turns[0][0] if turns else [],
+                    response_ids=[t for turn in turns for t in turn[1]],
+                    logprobs=[lp for turn in turns for lp in turn[2]],
+                    text=trajectory.completion,
+                    finish_reason="length" if trajectory.finish_reason != "answer" else "stop",
+                    policy_version=last.policy_version if last else self.step,
+                    messages=trajectory.messages,
+                    turns=turns,
+                    tool_seconds=sum(o["wall_s"] for o in observations),
+                    observations=observations,
+                    sandbox_image=trajectory.sandbox_image,
+                )
+            )
+        return results
+
+    # -------------------------------------------------------------- reward
+
+    def score(self, samples: list[_Sampled]) -> None:
+        by_domain: dict[str, list[_Sampled]] = {}
+        for sample in samples:
+            by_domain.setdefault(sample.domain, []).append(sample)
+        for domain, items in by_domain.items():
+            payload = []
+            for s in items:
+                metadata = dict(s.task.get("metadata", {}))
+                metadata.setdefault("num_tokens", len(s.response_ids))
+                entry: dict[str, Any] = {
+                    "domain": domain,
+                    "prompt": s.task["prompt"],
+                    "ground_truth": s.task.get("ground_truth"),
+                    "metadata": metadata,
+                }
+                if s.messages is not None:
+                    entry["messages"] = s.messages
+                else:
+                    entry["completion"] = s.text
+                payload.append(entry)
+            for s, result in zip(items, self.rubrics[domain].score_batch(payload), strict=True):
+                s.reward = float(result.total)
+                s.breakdown = {k: float(v) for k, v in result.breakdown.items()}
+                s.details = result.details
+
+    def record(self, s: _Sampled) -> SampleRecord:
+        return SampleRecord(
+            domain=s.domain,
+            group=s.group,
+            reward=s.reward,
+            breakdown=s.breakdown,
+            passed=s.reward >= self.domains[s.domain].pass_threshold,
+            response_length=len(s.response_ids),
+            prompt_length=len(s.prompt_ids),
+            clipped=s.finish_reason == "length",
+        )
+
+    # -------------------------------------------------------------- advantages → rows
+
+    def training_rows(
+        self, samples: list[_Sampled], ref: list[list[float]] | None
+    ) -> tuple[list[TrainRow], dict[str, float]]:
+        from training.algorithms import (
+            apply_kl_in_reward,
+            compute_advantages,
+            filter_zero_variance_groups,
+        )
+
+        algorithm = self.spec.algorithm_config(kl_coef=self.kl_coef)
+        if not samples:
+            return [], {}
+        lengths = [max(len(s.response_ids), 1) for s in samples]
+        longest = max(lengths)
+        mask = torch.zeros((len(samples), longest))
+        for i, s in enumerate(samples):
+            mask[i, : len(s.response_ids)] = 1.0
+        rewards: torch.Tensor = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        groups = [s.group for s in samples]
+        metrics: dict[str, float] = {}
+        if algorithm.kl_in_reward and ref is not None and self.kl_coef > 0:
+            logprobs = torch.zeros_like(mask)
+            ref_tensor = torch.zeros_like(mask)
+            for i, s in enumerate(samples):
+                n = len(s.response_ids)
+                logprobs[i, :n] = torch.tensor(s.logprobs[:n])
+                ref_tensor[i, :n] = torch.tensor(ref[i][:n])
+            rewards, kl_metrics = apply_kl_in_reward(
+                rewards,
+                logprobs=logprobs,
+                ref_logprobs=ref_tensor,
+                response_mask=mask,
+                coef=self.kl_coef,
+                kind=algorithm.kl_estimator,
+            )
+            metrics.update(kl_metrics)
+        advantages, _ = compute_advantages(
+            algorithm.advantage_estimator,
+            rewards=rewards,
+            response_mask=mask,
+            group_index=groups,
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            norm_by_std=algorithm.norm_by_std,
+            epsilon=algorithm.epsilon,
+        )
+        keep = [True] * len(samples)
+        if algorithm.filter_zero_variance_groups:
+            keep = filter_zero_variance_groups(rewards, groups, response_mask=mask).tolist()
+        rows: list[TrainRow] = []
+        for i, s in enumerate(samples):
+            if not keep[i] or not s.response_ids:
+                continue
+            adv = advantages[i, : len(s.response_ids)].tolist()
+            if s.turns:  # one row per assistant turn, sharing the episode's advantage
+                offset = 0
+                for prompt_ids, response_ids, _ in s.turns:
+                    n = len(response_ids)
+                    rows.append(TrainRow(prompt_ids, response_ids, adv[offset : offset + n]))
+                    offset += n
+            else:
+                rows.append(TrainRow(s.prompt_ids, s.response_ids, adv, s.logprobs))
+        metrics["critic/advantages/mean"] = float(
+            (advantages * mask).sum() / mask.sum().clamp(min=1)
+        )
+        metrics["batch/kept_fraction"] = sum(keep) / len(keep)
+        return rows, metrics
+
+    # -------------------------------------------------------------- one step
+
+    def train_step(self) -> dict[str, float]:
+        spec = self.spec
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        drawn = self.sampler.draw(self.weights, spec.batch.prompts_per_step)
+        mine = [(g, *drawn[g]) for g in shard_groups(len(drawn), self.rank, self.world)]
+        t = time.perf_counter()
+        samples = self.rollout(
+            mine,
+            spec.batch.group_size,
+            self.temperature,
+            _seed_for(spec.seed, self.step, self.rank),
+        )
+        tool_seconds = sum(s.tool_seconds for s in samples)
+        timings["timing_s/rollout"] = time.perf_counter() - t - tool_seconds
+        timings["timing_s/tools"] = tool_seconds
+        t = time.perf_counter()
+        self.score(samples)
+        timings["timing_s/reward"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        plain = [s for s in samples if not s.turns]
+        ref_rows = [
+            TrainRow(s.prompt_ids, s.response_ids, [0.0] * len(s.response_ids)) for s in plain
+        ]
+        reference = self.trainer.reference_model is not None
+        ref_plain = self.trainer.logprobs(ref_rows, reference=True) if reference else None
+        ref_for_samples: list[list[float]] | None = None
+        if ref_plain is not None:
+            lookup = {id(s): ref_plain[i] for i, s in enumerate(plain)}
+            ref_for_samples = [lookup.get(id(s), [0.0] * len(s.response_ids)) for s in samples]
+        rows, adv_metrics = self.training_rows(samples, ref_for_samples)
+        algorithm = spec.algorithm_config(kl_coef=self.kl_coef)
+        row_ref = self.trainer.logprobs(rows, reference=True) if reference and rows else None
+        if spec.batch.epochs * spec.batch.mini_batches > 1 and rows:
+            for row, old in zip(rows, self.trainer.logprobs(rows), strict=True):
+                row.old_logprobs = old
+        train_metrics: dict[str, list[float]] = {}
+        for _ in range(spec.batch.epochs):
+            for part in range(spec.batch.mini_batches):
+                chosen = list(range(part, len(rows), spec.batch.mini_batches))
+                result = self.trainer.train_step(
+                    [rows[i] for i in chosen],
+                    algorithm,
+                    kl_coef=self.kl_coef,
+                    ref_logprobs=[row_ref[i] for i in chosen] if row_ref is not None else None,
+                )
+                for key, value in result.items():
+                    train_metrics.setdefault(key, []).append(value)
+        timings["timing_s/train"] = time.perf_counter() - t
+
+        self.step += 1
+        timings["timing_s/weight_sync"] = self.sync_weights()
+        timings["timing_s/step"] = time.perf_counter() - started
+
+        records = _gather([self.record(s) for s in samples], self.world)
+        trajectories = _gather([self.trajectory(s) for s in samples], self.world)
+        metrics = sample_metrics(records)
+        for key, values in train_metrics.items():
+            metrics[key] = values[-1] if key in ("actor/lr",) else float(np.mean(values))
+        metrics.update(adv_metrics)
+        metrics.update(timings)
+        metrics["perf/throughput"] = metrics["perf/num_tokens"] / max(
+            timings["timing_s/step"], 1e-9
+        )
+        response_tokens = sum(r.response_length for r in records)
+        metrics["perf/rollout_tokens_per_s"] = response_tokens / max(
+            timings["timing_s/rollout"], 1e-9
+        )
+        metrics["policy_version"] = float(self.step)
+        metrics["kl_coef"] = float(self.kl_coef)
+        metrics["sampling/temperature"] = float(self.temperature)
+        weight_sum = sum(w for w in self.weights.values() if w > 0)
+        for name in self.weights:
+            metrics[f"mix/{name}/weight"] = max(self.weights[name], 0.0) / weight_sum
+            metrics[f"mix/{name}/prompts"] = float(sum(1 for d, _ in drawn if d == name))
+        self.sink.trajectories(trajectories)
+        self.sink.metrics(self.step, metrics)
+        return metrics
+
+    def trajectory(self, s: _Sampled) -> dict[str, Any]:
+        messages = s.messages or [
+            {
+                "role": "user",
+                "content": s.task.get("metadata", {}).get("question", s.task["prompt"]),
+            },
+            {"role": "assistant", "content": s.text},
+        ]
+        return {
+            "messages": messages,
+            "prompt": s.task["prompt"],
+            "completion": s.text,
+            "observations": s.observations,
+            "reward": {"total": s.reward, "breakdown": s.breakdown, "details": s.details},
+            "finish_reason": s.finish_reason,
+            "response_tokens": len(s.response_ids),
+            "task_id": s.task.get("metadata", {}).get("task_id"),
+            "provenance": {
+                "run": self.spec.name,
+                "step": self.step,
+                "policy_version": s.policy_version,
+                "domain": s.domain,
+                "group": s.group,
+                "rubric_version": self.rubric_versions[s.domain],
+                "sandbox_image": s.sandbox_image or self.domains[s.domain].sandbox_image,
+            },
+        }
+
+    # -------------------------------------------------------------- evaluation
+
+    def evaluate(self) -> dict[str, float]:
+        tasks = [
+            (name, task)
+            for name, items in self.eval_tasks.items()
+            for task in items[: self.spec.eval.tasks_per_domain]
+        ]
+        if not tasks:
+            return {}
+        mine = [(g, *tasks[g]) for g in shard_groups(len(tasks), self.rank, self.world)]
+        temperature = 0.0 if self.spec.eval.greedy else self.temperature
+        samples = self.rollout(mine, 1, temperature, _seed_for(self.spec.seed, -7, self.rank))
+        self.score(samples)
+        metrics = eval_metrics(_gather([self.record(s) for s in samples], self.world))
+        self.eval_history.append((self.step, metrics))
+        self.sink.metrics(self.step, metrics)
+        return metrics
+
+    def close(self) -> None:
+        for rubric in self.rubrics.values():
+            rubric.close()
+        self.engine.close()
+
+
+def _resolve_model(base_model: str) -> Path:
+    if base_model in ("demo", "demo:test"):
+        from training.models import ensure_demo_model
+
+        return ensure_demo_model()
+    path = Path(base_model)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"base_model {base_model!r} is not a model directory")
+    return path
+
+
+def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
+    """Runs ``spec`` to completion, preemption, cancellation or failure (never raises for a
+    failure inside the run: the outcome says ``failed`` with the error, and the sink got a
+    ``run.failed`` event with the traceback)."""
+    queued = sink if isinstance(sink, QueueingSink) else QueueingSink(sink, close_inner=False)
+    state: _Run | None = None
+    outcome: RunOutcome
+    try:
+        state = _Run(spec, queued, control)
+        state.maybe_resume()
+        state.sink.event(
+            "run.started",
+            {
+                "run": spec.name,
+                "step": state.step,
+                "world_size": state.world,
+                "spec": spec.to_dict() if state.step == 0 else None,
+            },
+        )
+        if spec.eval.at_start and state.step == 0:
+            state.evaluate()
+        last: dict[str, float] = {}
+        while state.step < spec.max_steps:
+            decision = _broadcast(
+                control.poll(state.step) if state.rank == 0 else None, state.rank, state.world
+            )
+            assert isinstance(decision, ControlDecision)
+            if decision.cancel:
+                state.sink.event("run.cancelled", {"step": state.step, "reason": decision.reason})
+                outcome = RunOutcome("cancelled", state.step, state.last_checkpoint)
+                break
+            if decision.preempt:
+                path = state.save("preempt")
+                state.sink.event(
+                    "run.preempted",
+                    {"step": state.step, "checkpoint": path, "reason": decision.reason},
+                )
+                outcome = RunOutcome("preempted", state.step, path)
+                break
+            state.apply_overrides(decision.overrides)
+            last = state.train_step()
+            every = spec.checkpoint.every_steps
+            if every and state.step % every == 0 and state.step < spec.max_steps:
+                state.save("periodic")
+            if spec.eval.every_steps and state.step % spec.eval.every_steps == 0:
+                state.evaluate()
+        else:
+            if spec.eval.at_end and not (
+                spec.eval.every_steps and state.step % spec.eval.every_steps == 0
+            ):
+                state.evaluate()
+            path = state.save("final") if spec.checkpoint.save_final else state.last_checkpoint
+            state.sink.event("run.completed", {"step": state.step})
+            outcome = RunOutcome("completed", state.step, path)
+        outcome.final_metrics = last
+        outcome.eval_history = list(state.eval_history)
+    except Exception as exc:  # the job reports a failure; the console decides what next
+        error = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):  # the sink itself may be what failed
+            queued.event("run.failed", {"error": error, "traceback": traceback.format_exc()})
+        step = state.step if state is not None else 0
+        outcome = RunOutcome("failed", step, state.last_checkpoint if state else None, error)
+        if state is not None:
+            outcome.eval_history = list(state.eval_history)
+    finally:
+        if state is not None:
+            with contextlib.suppress(Exception):
+                state.close()
+    if queued is not sink:
+        try:
+            queued.close()
+        except Exception as exc:
+            if outcome.status != "failed":
+                outcome.error = f"sink: {exc}"
+    return outcome
