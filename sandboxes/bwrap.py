@@ -419,8 +419,6 @@ class BwrapDriver:
             oom_killed=oom,
             truncated=out.truncated or err.truncated,
             image_digest=self.image_digest,
-            stdout_bytes=out.total_bytes,
-            stderr_bytes=err.total_bytes,
         )
 
 

@@ -242,8 +242,6 @@ class OciDriver:
                 oom_killed=oom,
                 truncated=out.truncated or err.truncated,
                 image_digest=self.image_digest,
-                stdout_bytes=out.total_bytes,
-                stderr_bytes=err.total_bytes,
             )
 
     def _state(self, container: str) -> dict[str, object]:

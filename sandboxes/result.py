@@ -34,8 +34,6 @@ class ExecResult:
     oom_killed: bool
     truncated: bool
     image_digest: str | None = None
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
 
     @property
     def ok(self) -> bool:

