@@ -84,25 +84,30 @@ def bench_code(count: int, workers: int) -> None:
             )
         bare_s = time.perf_counter() - started
     assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
-    rubric_spec = {
-        "version": 1,
-        "criteria": [{"name": "tests", "kind": "unit_tests"}],
-        "sandbox": {"memory_mb": 256, "timeout_s": 10, "max_concurrency": workers},
-    }
     samples = mbpp_samples(count)
-    with Rubric.from_spec(rubric_spec) as rubric:
-        rubric.score(samples[0])  # warm
-        started = time.perf_counter()
-        scored = rubric.score_batch(samples, max_workers=workers)
-        rubric_s = time.perf_counter() - started
-    errors = [r.details["tests"].get("error") for r in scored if r.details["tests"].get("error")]
-    assert not errors, errors[:3]
-    mean = sum(r.total for r in scored) / len(scored)
-    bare_rate, rubric_rate = count / bare_s, count / rubric_s
+    bare_rate = count / bare_s
     print(f"unit-test rubric, {count} MBPP-style samples (3 asserts each), {workers} at once")
     print(f"  sandbox bare run (fresh sandbox, python3 -c pass): {bare_rate:7.1f} /s")
-    print(f"  unit_tests criterion (fresh sandbox, harness, host check): {rubric_rate:7.1f} evals/s"
-          f"  = {rubric_rate / bare_rate:.2f}x the bare rate; mean reward {mean:.2f}")  # fmt: skip
+    for prewarm in (0, workers):
+        rubric_spec = {
+            "version": 1,
+            "criteria": [{"name": "tests", "kind": "unit_tests"}],
+            "sandbox": {"memory_mb": 256, "timeout_s": 10, "max_concurrency": workers,
+                        "prewarm": prewarm},
+        }  # fmt: skip
+        with Rubric.from_spec(rubric_spec) as rubric:
+            rubric.score(samples[0])  # warm
+            started = time.perf_counter()
+            scored = rubric.score_batch(samples, max_workers=workers)
+            rubric_s = time.perf_counter() - started
+        errors = [
+            r.details["tests"].get("error") for r in scored if r.details["tests"].get("error")
+        ]
+        assert not errors, errors[:3]
+        mean = sum(r.total for r in scored) / len(scored)
+        rate = count / rubric_s
+        print(f"  unit_tests criterion, prewarm={prewarm}: {rate:7.1f} evals/s"
+              f"  = {rate / bare_rate:.2f}x the bare rate; mean reward {mean:.2f}")  # fmt: skip
 
 
 def gsm8k_samples(count: int) -> list[Sample]:

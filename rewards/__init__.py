@@ -31,7 +31,9 @@ A rubric is a JSON object (the console stores it; `validate_spec` is the only sc
   to use it only as a gate.
 
 ``clip`` ``[low, high]`` bounds the total, applied last. ``sandbox`` sets the limits of the
-sandboxes code criteria run in and how many run at once.
+sandboxes code criteria run in (``memory_mb``, ``cpu``, ``pids``, ``timeout_s``, ``network``,
+``image``, ``driver``, ``allow_weaker``), how many run at once (``max_concurrency``, default the
+CPU count) and how many the pool keeps created ahead (``prewarm``, default 0).
 
 Use::
 

@@ -60,6 +60,9 @@ def boxed_contents(text: str) -> list[str]:
     return found
 
 
+# Several criteria of one rubric read the same response: the second asks the cache (a str
+# caches its own hash, so a hit costs one dictionary lookup).
+@functools.lru_cache(maxsize=8192)
 def extract_answer(text: str, mode: str = "auto", pattern: str | None = None) -> str | None:
     """The answer in ``text`` by ``mode`` (or ``pattern``), stripped; None when absent."""
     if pattern is not None:
@@ -78,19 +81,19 @@ def extract_answer(text: str, mode: str = "auto", pattern: str | None = None) ->
     # cheaper than a regex scan of the whole text.
     lowered = text.lower() if mode in ("auto", "answer_tag", "marker") else ""
     if mode in ("auto", "answer_tag") and "<answer>" in lowered:
-        tags = _ANSWER_TAG.findall(text)
+        tags = _ANSWER_TAG.findall(text, timeout=REGEX_TIMEOUT_S)
         if tags:
             return tags[-1].strip()
     if mode == "answer_tag":
         return None
     if mode in ("auto", "marker") and ("answer" in lowered or "####" in text):
-        markers = _MARKER.findall(text)
+        markers = _MARKER.findall(text, timeout=REGEX_TIMEOUT_S)
         if markers:
             return markers[-1].strip().rstrip(".").strip()
     if mode == "marker":
         return None
     if mode == "last_number":
-        numbers = NUMBER.findall(text)
+        numbers = NUMBER.findall(text, timeout=REGEX_TIMEOUT_S)
         return numbers[-1].replace(" ", "") if numbers else None
     if mode == "last_line":
         lines = [line.strip() for line in text.strip().splitlines() if line.strip()]

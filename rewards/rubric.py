@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import math
 import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,6 +26,25 @@ T = TypeVar("T")
 # sandbox, copying files, several runs) before the rubric gives up on it.
 SANDBOX_DEADLINE_FACTOR = 3.0
 SANDBOX_DEADLINE_GRACE_S = 10.0
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused(pause: bool) -> Iterator[None]:
+    """Pauses the cyclic garbage collector for a burst of cheap scoring.
+
+    Scoring thousands of samples with in-process criteria allocates many small dicts (the
+    details), and the collections they trigger measured at over half the time of the batch.
+    Results hold no cycles, so reference counting frees them anyway; the collector runs
+    again, unchanged, as soon as the burst ends (it is only re-enabled if it was enabled).
+    """
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class DeadlineExceeded(Exception):
@@ -168,7 +189,8 @@ class Rubric:
             raise ValueError("max_workers must be at least 1")
         parallel = self._parallel or max_workers is not None
         if workers == 1 or len(batch) <= 1 or not parallel:
-            return [self.score(sample) for sample in batch]
+            with _cyclic_gc_paused(len(batch) >= 64):
+                return [self.score(sample) for sample in batch]
         with ThreadPoolExecutor(max_workers=min(workers, len(batch))) as pool:
             return list(pool.map(self.score, batch))
 

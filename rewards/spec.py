@@ -102,6 +102,14 @@ RUBRIC_SCHEMA: dict[str, Any] = {
                 "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
                 "network": {"type": "string", "enum": ["none", "loopback"]},
                 "max_concurrency": {"type": "integer", "minimum": 1, "maximum": 256},
+                "prewarm": {"type": "integer", "minimum": 0, "maximum": 256},
+                "allow_weaker": {
+                    "anyOf": [
+                        {"type": "boolean"},
+                        {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                    ],
+                    "x-message": "must be true, false or a list of defence names",
+                },
             },
         },
     },
