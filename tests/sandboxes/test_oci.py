@@ -90,3 +90,45 @@ def test_a_container_run_reports_like_bwrap(driver):
     assert result.stdout == "hi\n" and result.exit_code == 0 and result.image_digest
     assert slow.timed_out
     assert bomb.oom_killed
+
+
+@pytest.fixture
+def fake_engine(tmp_path, monkeypatch):
+    """The OCI driver pointed at tests/sandboxes/fake_engine.py (see its docstring)."""
+    import sys
+    from pathlib import Path
+
+    state = tmp_path / "engine-state"
+    state.mkdir()
+    engine = tmp_path / "docker"
+    script = Path(__file__).with_name("fake_engine.py")
+    engine.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    engine.chmod(0o755)
+    monkeypatch.setenv("SANDBOXES_OCI_ENGINE", str(engine))
+    monkeypatch.setenv("FAKE_ENGINE_STATE", str(state))
+    engine_for.cache_clear()
+    yield state
+    engine_for.cache_clear()
+
+
+def test_the_oci_driver_streams_feeds_stdin_reads_state_and_removes_containers(fake_engine):
+    import json
+
+    seen: list[str] = []
+    spec = SandboxSpec(driver="docker", image="python:3.11-slim", memory_mb=64, env={"K": "v"})
+    with Sandbox(spec) as sandbox:
+        sandbox.write_files({"in.txt": "from the host"})
+        result = sandbox.run(
+            ["sh", "-c", 'cat in.txt; read line; echo "$line $K" >&2; exit 3'],
+            stdin="typed\n",
+            on_stdout=seen.append,
+        )
+        assert sandbox.image_digest == "sha256:" + "f" * 64
+        slow = sandbox.run(["sleep", "30"], timeout=0.5)
+    assert (result.stdout, result.stderr, result.exit_code) == ("from the host", "typed v\n", 3)
+    assert "".join(seen) == "from the host"
+    assert result.image_digest == "sha256:" + "f" * 64 and not result.oom_killed
+    assert slow.timed_out and slow.exit_code == 137 and slow.signal == 9
+    args = json.loads(next(fake_engine.glob("*-1.args")).read_text())
+    assert "--interactive" in args and "--read-only" in args
+    assert len(list(fake_engine.glob("*.removed"))) >= 2  # every container removed
