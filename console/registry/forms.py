@@ -97,6 +97,16 @@ class RubricCreateForm(RubricMetaForm, RubricSourceForm):
     field_order = ["slug", "title", "description", "source_format", "source"]
 
 
+class TrySampleForm(forms.Form):
+    prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False, strip=False)
+    completion = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}), strip=False, max_length=100_000
+    )
+    ground_truth = forms.CharField(
+        required=False, strip=False, max_length=100_000, help_text="As text, as a task holds it."
+    )
+
+
 class SandboxImageMetaForm(forms.Form):
     slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
     title = forms.CharField(max_length=200)
@@ -119,8 +129,8 @@ class SandboxVersionForm(forms.Form):
         label="Image reference or base",
         max_length=500,
         required=False,
-        help_text="podman/docker: an image such as python:3.11-slim; bwrap: a root directory, "
-        "empty for the host's read-only root.",
+        help_text="podman/docker: an image such as python:3.11-slim. Leave empty for bwrap: "
+        "its images are the host's read-only system plus the setup script.",
     )
     setup_script = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}), required=False, strip=False

@@ -115,3 +115,19 @@ def render_source(spec: dict[str, Any], source_format: str) -> str:
     if source_format == "yaml":
         return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
     return json.dumps(spec, indent=2, ensure_ascii=False)
+
+
+def score_sample(
+    spec: dict[str, Any], *, domain: str, prompt: str, completion: str, ground_truth: Any
+) -> dict[str, Any]:
+    """Score one hand-written sample with a rubric spec, exactly as a run would (the same
+    `rewards.Rubric`); criteria that fail report their error in the details, not here."""
+    rubric = rewards.Rubric.from_spec(spec)
+    sample = rewards.Sample(
+        domain=domain, prompt=prompt, completion=completion, ground_truth=ground_truth
+    )
+    result: dict[str, Any] = rubric.score(sample).to_dict()
+    result["details_json"] = json.dumps(
+        result["details"], indent=2, ensure_ascii=False, default=str
+    )
+    return result

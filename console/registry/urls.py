@@ -17,6 +17,11 @@ urlpatterns = [
     path("rubrics/<int:pk>/draft/", views.rubric_draft, name="rubric_draft"),
     path("rubrics/<int:pk>/versions/<int:number>/", views.rubric_version, name="rubric_version"),
     path(
+        "rubrics/<int:pk>/versions/<int:number>/try/",
+        views.rubric_version_try,
+        name="rubric_version_try",
+    ),
+    path(
         "rubrics/<int:pk>/versions/<int:number>/publish/",
         views.rubric_version_publish,
         name="rubric_version_publish",

@@ -427,7 +427,37 @@ def rubric_draft(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
     version, membership = _rubric_version_for(request, pk, number)
-    context = {"rubric": version.rubric, "version": version, "can_edit": _can_edit(membership)}
+    context = {
+        "rubric": version.rubric,
+        "version": version,
+        "can_edit": _can_edit(membership),
+        "try_form": forms.TrySampleForm(),
+    }
+    return render(request, "registry/rubric_version.html", context)
+
+
+@login_required
+@require_POST
+def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpResponse:
+    """Score a hand-written sample with this version (nothing is stored). Researchers only:
+    criteria may start sandboxes."""
+    version, membership = _rubric_version_for(request, pk, number, Role.RESEARCHER)
+    form = forms.TrySampleForm(request.POST)
+    context: dict[str, Any] = {
+        "rubric": version.rubric,
+        "version": version,
+        "try_form": form,
+        "can_edit": _can_edit(membership),
+    }
+    if form.is_valid():
+        try:
+            context["result"] = specs.score_sample(
+                version.spec, domain=version.rubric.slug, **form.cleaned_data
+            )
+        except Exception as error:  # a broken spec or criterion must not break the page
+            context["try_error"] = f"{type(error).__name__}: {error}"
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "registry/rubric_version.html#try", context)
     return render(request, "registry/rubric_version.html", context)
 
 

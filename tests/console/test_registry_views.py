@@ -545,3 +545,31 @@ def test_owner_sees_publish_on_a_draft(
         .content.decode()
     )
     assert "Publish v2" in content
+
+
+# --- trying a rubric on a sample ----------------------------------------------------------------
+
+
+def test_a_rubric_version_scores_a_sample_for_researchers_only(
+    client_as: Callable[[str], Client], registry: Registry
+) -> None:
+    url = reverse("registry:rubric_version_try", args=[registry.rubric.pk, 1])
+    sample = {"prompt": "2+2?", "completion": "It is \\boxed{4}", "ground_truth": "4"}
+    for who in EVERYONE:
+        response = client_as(who).post(url, sample, **HTMX)
+        if who in WRITERS:
+            content = response.content.decode()
+            assert response.status_code == 200, who
+            assert '<strong id="try-total">1.1</strong>' in content, who
+            assert "<td>correct</td><td>1.0</td>" in content
+        elif who == TEAMMATE_ANNOTATOR:
+            assert response.status_code == 403
+        elif who == OUTSIDER:
+            assert response.status_code == 404
+        else:
+            assert is_login_redirect(response)
+    wrong = client_as(OWNER).post(url, {**sample, "completion": "\\boxed{5}"}, **HTMX)
+    assert '<strong id="try-total">0.1</strong>' in wrong.content.decode()
+    # Without htmx the whole page comes back, with the result in it.
+    page = client_as(OWNER).post(url, sample).content.decode()
+    assert "<html" in page and '<strong id="try-total">1.1</strong>' in page

@@ -86,6 +86,11 @@ def test_a_researcher_registers_an_image_a_rubric_and_a_domain(
     page.get_by_role("link", name="v1").click()
     page.get_by_role("button", name="Publish v1").click()
     page.locator("#version-status", has_text="Published").wait_for()
+    # Try the published version on a sample: scored in place (htmx), nothing stored.
+    page.get_by_label("Completion").fill("So the answer is \\boxed{12}")
+    page.get_by_label("Ground truth").fill("12")
+    page.get_by_role("button", name="Score").click()
+    page.locator("#try-total", has_text="1.0").wait_for()
     screenshot(page, "registry-rubric-version")
     # Editing the published version: the editor validates while typing, and says it will
     # make a new draft.
