@@ -252,7 +252,10 @@ class BwrapDriver:
         return self.workspace.read_file(path, limit=self.spec.disk_mb * 1024 * 1024)
 
     def archive(self) -> bytes:
-        return self.workspace.archive()
+        # Only between runs: tarfile opens members by path, and a live sandbox process could
+        # swap a file for a symlink to a host file between its lstat and its open.
+        with self._lock:
+            return self.workspace.archive()
 
     def extract(self, archive: bytes) -> None:
         self.workspace.extract(archive)

@@ -209,7 +209,10 @@ class Sandbox:
 
     # -- snapshots ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """Captures /work, the working directory and the spec (processes are not captured)."""
+        """Captures /work, the working directory and the spec (processes are not captured).
+
+        Waits for a command running in another thread to finish first.
+        """
         driver = self._require()
         return Snapshot(
             spec=self.spec.to_dict(),
