@@ -171,7 +171,8 @@ class OciDriver:
         return self.workspace.read_file(path, limit=self.spec.disk_mb * 1024 * 1024)
 
     def archive(self) -> bytes:
-        return self.workspace.archive()
+        with self._lock:  # between runs only (see BwrapDriver.archive)
+            return self.workspace.archive()
 
     def extract(self, archive: bytes) -> None:
         self.workspace.extract(archive)
