@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import posixpath
 import threading
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -41,6 +44,15 @@ class Driver(Protocol):
 
 _counter = 0
 _counter_lock = threading.Lock()
+_open_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_forgotten_sandboxes() -> None:
+    """A sandbox its caller never closed is still removed when the interpreter exits."""
+    for sandbox in list(_open_sandboxes):
+        with contextlib.suppress(Exception):
+            sandbox.close()
 
 
 def new_sandbox_name() -> str:
@@ -102,6 +114,7 @@ class Sandbox:
         driver = make_driver(self.spec, self.name)
         driver.start()
         self._driver = driver
+        _open_sandboxes.add(self)
         try:
             if self._restore_archive is not None:
                 driver.extract(self._restore_archive)
@@ -114,6 +127,7 @@ class Sandbox:
 
     def close(self) -> None:
         self._closed = True
+        _open_sandboxes.discard(self)
         driver, self._driver = self._driver, None
         if driver is not None:
             driver.close()

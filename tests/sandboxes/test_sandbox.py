@@ -400,3 +400,25 @@ def test_a_planted_symlink_in_place_of_the_root_is_refused(tmp_path, monkeypatch
     with pytest.raises(SandboxError, match="not a plain directory"):
         Sandbox(SandboxSpec()).open()
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_sandbox_never_closed_is_removed_when_its_process_exits(tmp_path):
+    from tests.sandboxes.conftest import leftovers
+
+    script = tmp_path / "forgetful.py"
+    script.write_text(
+        "from sandboxes import Sandbox, SandboxSpec\n"
+        "sandbox = Sandbox(SandboxSpec()).open()\n"
+        "sandbox.run(['sh', '-c', 'echo x > kept'])\n"
+        "print(sandbox.name)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert not leftovers(done.stdout.strip())
