@@ -772,6 +772,13 @@ class _Run:
         self.engine.close()
 
 
+def _parameter_digest(module: torch.nn.Module) -> str:
+    """A cheap fingerprint of the weights (per-tensor float64 sums, hashed): data-parallel
+    ranks must end every step with identical weights, and this shows whether they did."""
+    sums = [float(p.detach().double().sum()) for p in module.parameters()]
+    return hashlib.sha256(np.asarray(sums, dtype=np.float64).tobytes()).hexdigest()[:16]
+
+
 def _resolve_model(base_model: str) -> Path:
     if base_model in ("demo", "demo:test"):
         from training.models import ensure_demo_model
@@ -835,7 +842,15 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
             ):
                 state.evaluate()
             path = state.save("final") if spec.checkpoint.save_final else state.last_checkpoint
-            state.sink.event("run.completed", {"step": state.step})
+            digests = _gather([_parameter_digest(state.trainer.module)], state.world)
+            state.sink.event(
+                "run.completed",
+                {
+                    "step": state.step,
+                    "parameter_digests": digests,
+                    "ranks_agree": len(set(digests)) == 1,
+                },
+            )
             outcome = RunOutcome("completed", state.step, path)
         outcome.final_metrics = last
         outcome.eval_history = list(state.eval_history)
