@@ -6,10 +6,13 @@ apart on the host (`ast`): the sandbox evaluates only the expressions that invol
 candidate and reports their values as strictly typed JSON (plain types only: an object that
 overrides ``__eq__`` is refused), and the host compares them with the expected literals. So
 rewriting the test file, exiting early with status 0, printing "PASSED", monkeypatching
-``assert``/``unittest``/the harness or returning a wrapper that equals everything earns
-nothing. Only tests that are not a (series of statements ending in a) single ``assert`` run
-as opaque code whose verdict the sandbox reports; their results say ``"verified":
-"in_sandbox"``.
+``assert``/``unittest``/the harness, forging the harness's report, or returning a wrapper that
+equals everything earns nothing. Where a test has no literal side (``assert f(x) ==
+sorted(x)``) both sides come back as plain values, which still defeats ``__eq__`` tricks but
+not a candidate that forges the report; tests that are not a (series of statements ending in
+a) single ``assert`` run as opaque code whose verdict the sandbox reports. Both say
+``"verified": "in_sandbox"`` in their results; MBPP/HumanEval-style asserts against literals
+say ``"host"``.
 """
 
 from __future__ import annotations
@@ -166,6 +169,10 @@ class Probe:
     source: str
     before: list[str] = field(default_factory=list)
     check: Callable[[Any], bool] | None = None
+    # "host": the host compares a value against the test's literal, which never enters the
+    # sandbox; "in_sandbox": the verdict rests on values or a pass/fail the candidate's own
+    # process reports (both sides of a comparison computed there, or opaque test code).
+    verified: str = "host"
 
     def request(self) -> dict[str, Any]:
         return {"id": self.id, "mode": self.mode, "source": self.source, "before": self.before}
@@ -180,17 +187,17 @@ def plan_probe(index: int, test: str) -> Probe:
     body = tree.body
     asserts = [node for node in ast.walk(tree) if isinstance(node, ast.Assert)]
     if not body or not isinstance(body[-1], ast.Assert) or len(asserts) != 1:
-        return Probe(index, test, "exec", test)
+        return Probe(index, test, "exec", test, verified="in_sandbox")
     before = [ast.unparse(node) for node in body[:-1]]
     condition = body[-1].test
     value_probe = _value_probe(condition)
     if value_probe is None:
-        return Probe(index, test, "exec", test)
-    source, check = value_probe
-    return Probe(index, test, "value", source, before, check)
+        return Probe(index, test, "exec", test, verified="in_sandbox")
+    source, check, verified = value_probe
+    return Probe(index, test, "value", source, before, check, verified)
 
 
-def _value_probe(node: ast.expr) -> tuple[str, Callable[[Any], bool]] | None:
+def _value_probe(node: ast.expr) -> tuple[str, Callable[[Any], bool], str] | None:
     if isinstance(node, ast.Compare) and len(node.ops) == 1:
         compare = _COMPARE.get(type(node.ops[0]))
         if compare is None:
@@ -198,13 +205,19 @@ def _value_probe(node: ast.expr) -> tuple[str, Callable[[Any], bool]] | None:
         left, right = node.left, node.comparators[0]
         right_is_literal, expected = _literal(right)
         if right_is_literal:
-            return ast.unparse(left), lambda v: bool(compare(v, expected))
+            return ast.unparse(left), lambda v: bool(compare(v, expected)), "host"
         left_is_literal, expected = _literal(left)
         if left_is_literal:
-            return ast.unparse(right), lambda v: bool(compare(expected, v))
-        # Both sides involve the candidate: both come back as plain values.
+            return ast.unparse(right), lambda v: bool(compare(expected, v)), "host"
+        # Both sides are computed in the sandbox: both come back as plain values (so an
+        # `__eq__` override still cannot fake equality), but a candidate that forges its
+        # report could make them agree.
         pair = f"({ast.unparse(left)}, {ast.unparse(right)})"
-        return pair, lambda v: isinstance(v, tuple) and len(v) == 2 and bool(compare(v[0], v[1]))
+        return (
+            pair,
+            lambda v: isinstance(v, tuple) and len(v) == 2 and bool(compare(v[0], v[1])),
+            "in_sandbox",
+        )
     if isinstance(node, ast.Call) and _is_isclose(node.func) and len(node.args) == 2:
         keywords = {}
         for keyword in node.keywords:
@@ -215,13 +228,16 @@ def _value_probe(node: ast.expr) -> tuple[str, Callable[[Any], bool]] | None:
         for probe_side, literal_side in ((0, 1), (1, 0)):
             ok, expected = _literal(node.args[literal_side])
             if ok and _is_number(expected):
-                return ast.unparse(
-                    node.args[probe_side]
-                ), lambda v, e=expected: _is_number(v) and math.isclose(v, e, **keywords)
+                source = ast.unparse(node.args[probe_side])
+
+                def near(value: Any, target: Any = expected) -> bool:
+                    return _is_number(value) and math.isclose(value, target, **keywords)
+
+                return source, near, "host"
         return None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        return ast.unparse(node.operand), lambda v: not v
-    return ast.unparse(node), bool
+        return ast.unparse(node.operand), lambda v: not v, "host"
+    return ast.unparse(node), bool, "host"
 
 
 def _is_isclose(func: ast.expr) -> bool:
@@ -288,7 +304,7 @@ def judge_probes(
     for probe in probes:
         outcome: dict[str, Any] = {
             "test": probe.test[:300],
-            "verified": "host" if probe.mode == "value" else "in_sandbox",
+            "verified": probe.verified if probe.mode == "value" else "in_sandbox",
         }
         found = first.get(probe.id)
         ok = False

@@ -114,20 +114,22 @@ def test_runtime_efficiency_scores_a_slow_solution_below_the_reference():
 
 
 @pytest.mark.parametrize(
-    ("test", "mode"),
+    ("test", "mode", "verified"),
     [
-        ("assert f(1) == 2", "value"),
-        ("assert 2 == f(1)", "value"),
-        ("assert f(1) == g(2)", "value"),
-        ("assert not f(1)", "value"),
-        ("assert math.isclose(f(1), 0.5)", "value"),
-        ("x = f(1)\nassert x == [1, 2]", "value"),
-        ("for i in range(3):\n    assert f(i) == i", "exec"),
-        ("f(1)", "exec"),
+        ("assert f(1) == 2", "value", "host"),
+        ("assert 2 == f(1)", "value", "host"),
+        ("assert f(1) in {1, 2}", "value", "host"),
+        ("assert not f(1)", "value", "host"),
+        ("assert math.isclose(f(1), 0.5)", "value", "host"),
+        ("x = f(1)\nassert x == [1, 2]", "value", "host"),
+        ("assert f(1) == g(2)", "value", "in_sandbox"),
+        ("for i in range(3):\n    assert f(i) == i", "exec", "in_sandbox"),
+        ("f(1)", "exec", "in_sandbox"),
     ],
 )
-def test_tests_are_checked_on_the_host_whenever_they_are_a_single_assert(test, mode):
-    assert plan_probe(0, test).mode == mode
+def test_asserts_against_a_literal_are_checked_on_the_host(test, mode, verified):
+    probe = plan_probe(0, test)
+    assert (probe.mode, probe.verified) == (mode, verified)
 
 
 def test_invalid_tests_are_spec_issues():
