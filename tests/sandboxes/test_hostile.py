@@ -294,6 +294,9 @@ HOSTILE: dict[str, Hostile] = {
         print("unshare", libc.unshare(0x10000000), ctypes.get_errno())      # CLONE_NEWUSER
         print("unshare-mnt", libc.unshare(0x00020000), ctypes.get_errno())  # CLONE_NEWNS
         print("chroot", libc.chroot(b"/tmp"), ctypes.get_errno())
+        print("io_uring", libc.syscall(425, 1, 0), ctypes.get_errno())      # io_uring_setup
+        print("bpf", libc.syscall(321 if os.uname().machine == "x86_64" else 280, 0, 0, 0),
+              ctypes.get_errno())
         r = subprocess.run(["unshare", "-r", "true"], capture_output=True)
         print("unshare-cmd", r.returncode != 0)
         """,
@@ -303,6 +306,8 @@ HOSTILE: dict[str, Hostile] = {
             "unshare -1 1",
             "unshare-mnt -1 1",
             "chroot -1 1",
+            "io_uring -1 1",
+            "bpf -1 1",
             "unshare-cmd True",
         ),
     ),
