@@ -43,6 +43,9 @@ Use::
     result.total, result.breakdown, result.details
     rubric.score_batch(samples, max_workers=8)       # bounded pool, input order kept
 
+Many domains: ``RubricRouter.from_specs({"gsm8k": spec_a, "mbpp": spec_b})`` scores each
+sample with its domain's rubric (as verl routes by ``data_source``), input order kept.
+
 A criterion that crashes or overruns its deadline scores 0 with the reason in
 ``details[name]["error"]``; it never fails the batch. Model-written code only ever runs inside
 a sandbox from the `sandboxes` library.
@@ -55,6 +58,7 @@ from rewards.registry import (
     criterion_kinds,
     register,
 )
+from rewards.router import RubricRouter
 from rewards.rubric import Rubric
 from rewards.spec import RUBRIC_SCHEMA, RubricSpecError, SpecIssue, validate_spec
 from rewards.types import CriterionError, Outcome, RewardResult, Sample
@@ -68,6 +72,7 @@ __all__ = [
     "Outcome",
     "RewardResult",
     "Rubric",
+    "RubricRouter",
     "RubricSpecError",
     "Sample",
     "SpecIssue",

@@ -26,7 +26,9 @@ class CheckScript(Criterion):
     path of a saved one, restored into a fresh sandbox). ``script`` is run with
     ``interpreter`` (default ``["sh", "-c"]``; ``["python3", "-I", "-c"]`` for Python)
     passed on the command line, never as a file the agent could have replaced. It checks
-    files and their contents, starts and queries a service, or inspects a command's output.
+    files and their contents, or inspects a command's output. A sandbox kills every process
+    at the end of each run, so a service the agent wrote is started by the check itself and
+    queried over loopback (the episode's sandbox needs ``network="loopback"``).
 
     ``score_from``: ``exit_code`` (default; 1 when the script exits 0) or ``stdout`` (the last
     ``score: <number>`` line, clipped to [0, 1]). The script's output tail is in ``details``.

@@ -231,3 +231,42 @@ def test_a_check_script_runs_in_the_live_episode_sandbox_and_in_a_snapshot(score
 def test_a_check_script_without_an_episode_sandbox_scores_zero(scorer):
     value, details = scorer("check_script", {"script": "true"})("done")
     assert value == 0.0 and "no episode sandbox" in details["error"]
+
+
+SERVICE_CHECK = """
+import subprocess, sys, time, urllib.request
+server = subprocess.Popen([sys.executable, "server.py"])
+try:
+    for _ in range(50):
+        try:
+            body = urllib.request.urlopen("http://127.0.0.1:8080/health", timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit("the service never answered")
+    sys.exit(0 if body == b"ok" else "wrong answer: %r" % body)
+finally:
+    server.kill()
+"""
+
+
+def test_a_check_script_can_start_the_agents_service_and_query_it(scorer):
+    from sandboxes import Sandbox, SandboxSpec
+
+    server = (
+        "from http.server import BaseHTTPRequestHandler, HTTPServer\n"
+        "class Handler(BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'{body}')\n"
+        "HTTPServer(('127.0.0.1', 8080), Handler).serve_forever()\n"
+    )
+    check = scorer(
+        "check_script", {"interpreter": ["python3", "-I", "-c"], "script": SERVICE_CHECK}
+    )
+    with Sandbox(SandboxSpec(memory_mb=128, timeout_s=10, network="loopback")) as episode:
+        episode.write_files({"server.py": server.format(body="ok")})
+        assert check("done", metadata={"sandbox": episode})[0] == 1.0
+        episode.write_files({"server.py": server.format(body="broken")})
+        value, details = check("done", metadata={"sandbox": episode})
+    assert value == 0.0 and "wrong answer" in details["stderr"]

@@ -151,3 +151,22 @@ def test_brevity_bonus_must_name_a_criterion_before_it():
     with pytest.raises(RubricSpecError) as caught:
         rubric(bonus, exact("a", "x"))
     assert caught.value.issues[0].path == "criteria[0].params.if_passed"
+
+
+def test_a_router_scores_each_domain_with_its_rubric_in_input_order():
+    from rewards import RubricRouter
+
+    numeric = {"version": 1, "criteria": [{"name": "n", "kind": "numeric_match"}]}
+    exact_spec = {"version": 1, "criteria": [exact("e", "yes")]}
+    with RubricRouter.from_specs({"math": numeric, "chat": exact_spec}) as router:
+        samples = [
+            sample("4", 4, domain="math"),
+            sample("yes", domain="chat"),
+            sample("5", 4, domain="math"),
+            sample("no", domain="chat"),
+        ]
+        results = router.score_batch(samples)
+        assert [r.total for r in results] == [1.0, 1.0, 0.0, 0.0]
+        assert list(results[1].breakdown) == ["e"]
+        with pytest.raises(KeyError, match="no rubric for domain 'code'"):
+            router.score_batch([sample("x", domain="code")])
