@@ -41,6 +41,8 @@ class TrainRow:
     advantages: list[float]
     rollout_logprobs: list[float] | None = None
     old_logprobs: list[float] | None = None
+    returns: list[float] | None = None  # PPO: value targets per response token
+    old_values: list[float] | None = None  # PPO: the value head's outputs at rollout time
 
     @property
     def length(self) -> int:
@@ -64,6 +66,8 @@ class MicroBatch:
     response_mask: torch.Tensor
     advantages: torch.Tensor
     old_logprobs: torch.Tensor | None
+    returns: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -138,6 +142,8 @@ def collate(
             response_mask=zeros.clone(),
             advantages=zeros.clone(),
             old_logprobs=zeros.clone(),
+            returns=zeros.clone(),
+            old_values=zeros.clone(),
         )
     longest = max(row.length for row in chosen)
     longest_response = max(max(len(row.response_ids), 1) for row in chosen)
@@ -150,6 +156,9 @@ def collate(
     advantages = torch.zeros((count, longest_response), dtype=torch.float32)
     have_old = all(row.old_logprobs is not None for row in chosen)
     old = torch.zeros((count, longest_response), dtype=torch.float32) if have_old else None
+    have_values = all(row.returns is not None and row.old_values is not None for row in chosen)
+    returns = torch.zeros((count, longest_response)) if have_values else None
+    old_values = torch.zeros((count, longest_response)) if have_values else None
     for i, row in enumerate(chosen):
         sequence = row.prompt_ids + row.response_ids
         input_ids[i, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
@@ -166,6 +175,9 @@ def collate(
         advantages[i, :n] = torch.tensor(row.advantages, dtype=torch.float32)
         if old is not None and row.old_logprobs is not None:
             old[i, :n] = torch.tensor(row.old_logprobs, dtype=torch.float32)
+        if returns is not None and old_values is not None:
+            returns[i, :n] = torch.tensor(row.returns, dtype=torch.float32)
+            old_values[i, :n] = torch.tensor(row.old_values, dtype=torch.float32)
     return MicroBatch(
         indices=list(indices),
         input_ids=input_ids.to(device),
@@ -175,4 +187,6 @@ def collate(
         response_mask=response_mask.to(device),
         advantages=advantages.to(device),
         old_logprobs=None if old is None else old.to(device),
+        returns=None if returns is None else returns.to(device),
+        old_values=None if old_values is None else old_values.to(device),
     )

@@ -286,10 +286,16 @@ class _Run:
             spec.deepspeed,
             spec.lr,
             seed=spec.seed,
-            reference=spec.kl.reference or spec.kl.coef > 0,
+            reference=spec.kl.reference or spec.kl_coef > 0,
             micro_batch_tokens=spec.batch.micro_batch_tokens,
             ewc_penalty=ewc_penalty,
+            value_head=spec.algorithm.needs_value_head,
         )
+        if spec.algorithm.needs_value_head and spec.tools.enabled:
+            raise ValueError(
+                "PPO (gae) with multi-turn tool episodes is not supported: "
+                "use a group estimator (grpo, rloo, ...) for tool-use domains"
+            )
         self.rank, self.world = self.trainer.rank, self.trainer.world_size
         self.sink: Sink = sink if self.rank == 0 else NullSink()
         self.engine = make_engine(spec.rollout_engine_config(), self.model_dir)
@@ -303,7 +309,7 @@ class _Run:
             raise ValueError(f"domains without training tasks: {', '.join(empty)}")
         self.eval_tasks = {d.name: load_tasks(d, "test") for d in spec.domains}
         self.weights = spec.domain_weights
-        self.kl_coef = spec.kl.coef
+        self.kl_coef = spec.kl_coef
         self.temperature = spec.sampling.temperature
         self.step = 0
         self.eval_history: list[tuple[int, dict[str, float]]] = []
@@ -605,10 +611,19 @@ class _Run:
                 kind=algorithm.kl_estimator,
             )
             metrics.update(kl_metrics)
-        advantages, _ = compute_advantages(
+        values = None
+        if self.trainer.has_value_head:
+            values = torch.zeros_like(mask)
+            probe = [
+                TrainRow(s.prompt_ids, s.response_ids, [0.0] * len(s.response_ids)) for s in samples
+            ]
+            for i, row_values in enumerate(self.trainer.values(probe)):
+                values[i, : len(row_values)] = torch.tensor(row_values)
+        advantages, returns = compute_advantages(
             algorithm.advantage_estimator,
             rewards=rewards,
             response_mask=mask,
+            values=values,
             group_index=groups,
             gamma=algorithm.gamma,
             lam=algorithm.lam,
@@ -630,7 +645,11 @@ class _Run:
                     rows.append(TrainRow(prompt_ids, response_ids, adv[offset : offset + n]))
                     offset += n
             else:
-                rows.append(TrainRow(s.prompt_ids, s.response_ids, adv, s.logprobs))
+                row = TrainRow(s.prompt_ids, s.response_ids, adv, s.logprobs)
+                if values is not None:
+                    row.returns = returns[i, : len(s.response_ids)].tolist()
+                    row.old_values = values[i, : len(s.response_ids)].tolist()
+                rows.append(row)
         metrics["critic/advantages/mean"] = float(
             (advantages * mask).sum() / mask.sum().clamp(min=1)
         )

@@ -206,12 +206,14 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class KLSpec:
-    """KL to the frozen base policy. ``reference`` loads the reference model even when
-    ``coef`` is 0, so that ``actor/kl`` is still reported and a live override can turn it on."""
+    """KL to the frozen base policy. Unset fields keep the algorithm preset's value (PPO and
+    REINFORCE++ put k1 in the reward, GRPO k3 in the loss). ``reference`` loads the reference
+    model even when the coefficient is 0, so that ``actor/kl`` is still reported and a live
+    override can turn it on."""
 
-    coef: float = 0.0
-    estimator: str = "k3"
-    in_reward: bool = False
+    coef: float | None = None
+    estimator: str | None = None
+    in_reward: bool | None = None
     reference: bool = True
 
 
@@ -297,12 +299,17 @@ class RunSpec:
     def algorithm_config(self, kl_coef: float | None = None) -> AlgorithmConfig:
         """The algorithm with this spec's KL section folded in (``kl_coef`` overrides)."""
         data = self.algorithm.to_dict()
-        data.update(
-            kl_coef=self.kl.coef if kl_coef is None else kl_coef,
-            kl_estimator=self.kl.estimator,
-            kl_in_reward=self.kl.in_reward,
-        )
+        data["kl_coef"] = self.kl_coef if kl_coef is None else kl_coef
+        if self.kl.estimator is not None:
+            data["kl_estimator"] = self.kl.estimator
+        if self.kl.in_reward is not None:
+            data["kl_in_reward"] = self.kl.in_reward
         return AlgorithmConfig.from_dict(data)
+
+    @property
+    def kl_coef(self) -> float:
+        """The KL coefficient at the start of the run (a live override may change it)."""
+        return self.kl.coef if self.kl.coef is not None else self.algorithm.kl_coef
 
     def rollout_engine_config(self) -> Any:
         """`training.rollout.base.RolloutEngineConfig` built from the ``rollout`` section."""
@@ -420,14 +427,20 @@ def _kl(check: _Checker, data: dict[str, Any]) -> KLSpec:
     check.unknown(data, {f.name for f in fields(KLSpec)}, "kl")
     from training.algorithms import KL_ESTIMATORS
 
-    estimator = check.text(data, "estimator", "kl.estimator", "k3") or "k3"
+    estimator = check.text(data, "estimator", "kl.estimator", None)
     aliases = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
-    if aliases.get(estimator, estimator) not in KL_ESTIMATORS:
+    if estimator is not None and aliases.get(estimator, estimator) not in KL_ESTIMATORS:
         check.add("kl.estimator", f"must be one of {', '.join(KL_ESTIMATORS)}, got {estimator!r}")
+    coef = None
+    if data.get("coef") is not None:
+        coef = check.number(data, "coef", "kl.coef", 0.0, low=0.0)
+    in_reward = None
+    if data.get("in_reward") is not None:
+        in_reward = check.boolean(data, "in_reward", "kl.in_reward", False)
     return KLSpec(
-        coef=check.number(data, "coef", "kl.coef", 0.0, low=0.0),
+        coef=coef,
         estimator=estimator,
-        in_reward=check.boolean(data, "in_reward", "kl.in_reward", False),
+        in_reward=in_reward,
         reference=check.boolean(data, "reference", "kl.reference", True),
     )
 

@@ -38,6 +38,7 @@ from training.algorithms import (
     actor_loss,
     entropy_from_logits,
     token_logprobs_from_logits,
+    value_loss,
 )
 from training.batching import (
     MicroBatch,
@@ -120,6 +121,7 @@ class Trainer:
         reference: bool = True,
         micro_batch_tokens: int = 4096,
         ewc_penalty: Any = None,
+        value_head: bool = False,
     ) -> None:
         self.rank, self.world_size = init_distributed()
         import deepspeed
@@ -131,8 +133,17 @@ class Trainer:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model: torch.nn.Module
+        if value_head:  # PPO: actor and critic share the trunk (training.value_head)
+            from training.value_head import CausalLMWithValueHead
+
+            model = CausalLMWithValueHead.from_pretrained(
+                self.model_dir, seed=seed, dtype=torch.float32
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         model.config.use_cache = False
+        self.has_value_head = value_head
         self.config = build_deepspeed_config(deepspeed_config, lr)
         self.zero_stage = int(self.config["zero_optimization"].get("stage", 0))
         self.engine, _, _, _ = deepspeed.initialize(
@@ -169,16 +180,47 @@ class Trainer:
             import deepspeed
 
             gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        lm = self.module.lm if self.has_value_head else self.module
         with gather:
-            state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+            state = {k: v.detach().clone() for k, v in lm.state_dict().items()}
         yield from state.items()
 
     # ------------------------------------------------------------------ forward passes
 
     def _response_logits(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        return self._forward(model, batch)[0]
+
+    def _forward(
+        self, model: torch.nn.Module, batch: MicroBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits ``[rows, response, vocab]`` at the positions that score each response token,
+        and the value head's outputs at the same positions (``None`` without a head)."""
+        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        logits = output.logits
         index = batch.response_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        return logits[:, :-1].gather(1, index)
+        values = getattr(output, "values", None)
+        if values is not None and not callable(values):
+            values = values[:, :-1].gather(1, batch.response_positions)
+        else:
+            values = None
+        return logits[:, :-1].gather(1, index), values
+
+    @torch.no_grad()
+    def values(self, rows: Sequence[TrainRow]) -> list[list[float]]:
+        """The value head's estimate at each response token of each row (PPO/GAE)."""
+        if not self.has_value_head:
+            raise RuntimeError("this trainer has no value head (algorithm without a critic)")
+        was_training = self.module.training
+        self.module.eval()
+        result: list[list[float]] = [[] for _ in rows]
+        for indices in plan_micro_batches([r.length for r in rows], self.micro_batch_tokens):
+            batch = collate(rows, indices, self.pad_id, self.device)
+            _, values = self._forward(self.module, batch)
+            assert values is not None
+            for i, index in enumerate(indices):
+                result[index] = values[i, : len(rows[index].response_ids)].tolist()
+        self.module.train(was_training)
+        return result
 
     @torch.no_grad()
     def logprobs(self, rows: Sequence[TrainRow], *, reference: bool = False) -> list[list[float]]:
@@ -237,7 +279,7 @@ class Trainer:
         local_tokens = 0.0
         for micro_index, indices in enumerate(groups):
             batch = collate(rows, indices, self.pad_id, self.device)
-            logits = self._response_logits(self.module, batch)
+            logits, values = self._forward(self.module, batch)
             logprobs = token_logprobs_from_logits(logits, batch.response_ids)
             entropy = entropy_from_logits(logits.detach())
             old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
@@ -261,6 +303,22 @@ class Trainer:
                 global_tokens=global_tokens,
                 global_sequences=global_sequences,
             )
+            if values is not None:
+                if batch.returns is None or batch.old_values is None:
+                    raise ValueError("a value head needs returns and old values on every row")
+                critic_loss, critic_metrics = value_loss(
+                    values=values,
+                    old_values=batch.old_values,
+                    returns=batch.returns,
+                    response_mask=batch.response_mask,
+                    clip_range=algorithm.value_clip,
+                    aggregation=algorithm.loss_aggregation,
+                    global_tokens=global_tokens,
+                    global_sequences=global_sequences,
+                    constant_normalizer=algorithm.constant_normalizer,
+                )
+                loss = loss + algorithm.value_loss_coef * critic_loss
+                metrics.update(critic_metrics)
             loss = loss * self.world_size
             if batch.is_empty:
                 loss = loss * 0.0  # keeps this rank in step with the others' collectives

@@ -159,3 +159,24 @@ def test_the_sampler_resumes_from_its_state_and_covers_each_epoch():
     again = DomainMixSampler(tasks, seed=1)
     again.load_state_dict(state)
     assert again.draw({"a": 1, "b": 1}, 4) == following
+
+
+def test_ppo_trains_a_value_head_beside_the_policy(tiny_model_dir, tmp_path):
+    spec = RunSpec.from_dict(
+        tiny_spec(
+            tiny_model_dir,
+            tmp_path,
+            max_steps=2,
+            algorithm={"algorithm": "ppo"},
+            kl={"coef": 0.01},
+            batch={"prompts_per_step": 2, "group_size": 2, "epochs": 2, "mini_batches": 2},
+        )
+    )
+    sink = ListSink()
+    outcome = run(spec, sink, StaticControl())
+    assert outcome.status == "completed", outcome.error
+    metrics = sink.metrics_at(2)
+    assert metrics["critic/vf_loss"] > 0 and "critic/vpred_mean" in metrics
+    assert "actor/reward_kl_penalty" in metrics  # PPO puts the KL in the reward
+    saved = tmp_path / "ckpt" / "step_00000002" / "hf"
+    assert (saved / "value_head").is_dir() and (saved / "config.json").is_file()
