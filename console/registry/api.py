@@ -264,6 +264,9 @@ class SandboxVersionOut(SandboxValues):
     image_id: int
     number: int
     status: str
+    sandbox_spec: dict[str, Any] = Field(
+        description="What `sandboxes.SandboxSpec.from_dict` takes to start this version"
+    )
     created_by: str
     created_at: dt.datetime
     published_by: str | None
@@ -291,6 +294,7 @@ def _sandbox_version_out(version: SandboxImageVersion) -> dict[str, Any]:
         "number": version.number,
         "status": version.status,
         **{name: getattr(version, name) for name in services.SANDBOX_VERSION_FIELDS},
+        "sandbox_spec": version.sandbox_spec(),
         "created_by": version.created_by.get_username(),
         "created_at": version.created_at,
         "published_by": version.published_by.get_username() if version.published_by else None,

@@ -159,7 +159,7 @@ class RubricVersion(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.rubric_id} v{self.number}"
+        return f"{self.rubric.slug} v{self.number}"
 
     @property
     def is_draft(self) -> bool:
@@ -264,7 +264,7 @@ class SandboxImageVersion(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.image_id} v{self.number}"
+        return f"{self.image.slug} v{self.number}"
 
     @property
     def is_draft(self) -> bool:

@@ -295,6 +295,16 @@ def test_publishing_a_published_version_answers_409_and_audits_once(
     assert AuditEntry.objects.filter(action="rubric.publish").count() == 1
 
 
+def test_a_sandbox_version_carries_the_spec_runs_start_sandboxes_with(
+    api_client_as: Callable[[str], Client], registry: Registry
+) -> None:
+    from sandboxes import SandboxSpec
+
+    body = api_client_as("owner").get(f"{API}/sandbox-images/{registry.image.pk}/versions/1").json()
+    assert body["sandbox_spec"]["memory_mb"] == body["memory_mb"] == 1024
+    assert SandboxSpec.from_dict(body["sandbox_spec"]).driver == "bwrap"
+
+
 def test_a_missing_version_is_404(
     api_client_as: Callable[[str], Client], registry: Registry
 ) -> None:
