@@ -168,6 +168,15 @@ class RowErrorOut(Schema):
     message: str
 
 
+class PreviewRowOut(Schema):
+    line: int
+    prompt: str
+    messages: list[dict[str, Any]] | None
+    ground_truth: Any
+    metadata: dict[str, Any]
+    split: str | None
+
+
 class UploadOut(Schema):
     stored: bool
     valid_rows: int
@@ -175,6 +184,7 @@ class UploadOut(Schema):
     held_out: int
     errors: list[RowErrorOut]
     more_errors: int
+    preview: list[PreviewRowOut] = []
     file_error: str
     domain: DomainOut
 
@@ -430,6 +440,17 @@ def domain_upload_tasks(request: HttpRequest, domain_id: int, params: Query[Uplo
         "held_out": result.held_out,
         "errors": [{"line": e.line_number, "message": e.message} for e in result.errors],
         "more_errors": result.more_errors,
+        "preview": [
+            {
+                "line": row.line_number,
+                "prompt": row.prompt,
+                "messages": row.messages,
+                "ground_truth": row.ground_truth,
+                "metadata": row.metadata,
+                "split": row.split,
+            }
+            for row in result.preview
+        ],
         "file_error": result.file_error,
         "domain": domain,
     }

@@ -46,6 +46,7 @@ from sandboxes import SandboxSpec
 from sandboxes.errors import SandboxSpecError
 
 MAX_REPORTED_ROW_ERRORS = 200
+PREVIEW_ROWS = 5
 MAX_SETUP_SCRIPT_CHARS = 64 * 1024
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 # registry[:port]/path/name[:tag][@sha256:digest], as OCI distribution names are written.
@@ -203,6 +204,8 @@ class UploadResult:
     invalid: int = 0
     held_out: int = 0
     errors: list[tasksets.RowError] = field(default_factory=list)
+    # The first valid rows as read, so a refused upload still shows what the file holds.
+    preview: list[tasksets.ParsedTask] = field(default_factory=list)
     file_error: str = ""
 
     @property
@@ -335,6 +338,8 @@ def _store_rows(
                 continue
             index = result.valid
             result.valid += 1
+            if len(result.preview) < PREVIEW_ROWS:
+                result.preview.append(row)
             if not storing:
                 continue
             split = row.split or (

@@ -270,6 +270,8 @@ def test_an_upload_with_bad_rows_reports_lines_and_stores_nothing(
     assert report["stored"] is False and report["valid_rows"] == 2
     assert report["errors"] == [{"line": 3, "message": "prompt: Expected `str`, got `int`"}]
     assert report["domain"]["task_count"] == 30
+    assert [row["line"] for row in report["preview"]] == [1, 2]
+    assert report["preview"][1]["prompt"] == "What is 1 + 1?"
 
 
 def test_an_oversized_upload_answers_413(

@@ -433,6 +433,8 @@ def test_an_upload_with_bad_rows_lists_them_by_line_and_stores_nothing(
     assert "<td>4</td><td>missing required field &#x27;ground_truth&#x27;</td>" in content
     assert "<td>5</td><td>broken JSON:" in content
     assert "<td>6</td><td>not valid UTF-8 (byte 0xe9 at position 1)" in content
+    # What the file holds is previewed even though nothing was stored.
+    assert "The first valid rows, as read" in content and "What is 2 + 2?" in content
     assert Task.objects.filter(domain=registry.domain).count() == 30
 
 
