@@ -364,8 +364,9 @@ def domain_update(request: HttpRequest, domain_id: int, payload: DomainPatch) ->
             changes["rubric"] = _team_rubric(membership, changes.pop("rubric_id"))
         if "sandbox_image_id" in changes:
             changes["sandbox_image"] = _team_image(membership, changes.pop("sandbox_image_id"))
-        if any(value is None for name, value in changes.items() if name not in DOMAIN_NULLABLE):
-            raise _Invalid({name: ["may not be null"] for name, v in changes.items() if v is None})
+        nulls = [name for name, v in changes.items() if v is None and name not in DOMAIN_NULLABLE]
+        if nulls:
+            raise _Invalid({name: ["may not be null"] for name in nulls})
         return 200, services.domain_update(actor=request.user, domain=domain, **changes)
     except (ValidationError, _Invalid) as error:
         return _invalid(error)

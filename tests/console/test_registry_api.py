@@ -258,6 +258,19 @@ def test_duplicate_slugs_and_bad_limits_answer_422(
     }
 
 
+def test_patching_a_domain_can_clear_its_rubric_but_not_its_title(
+    api_client_as: Callable[[str], Client], registry: Registry
+) -> None:
+    client = api_client_as("owner")
+    url = f"{API}/domains/{registry.domain.pk}"
+    cleared = send(client, "PATCH", url, {"rubric_id": None})
+    assert cleared.status_code == 200 and cleared.json()["rubric_id"] is None
+    assert cleared.json()["sandbox_image_id"] == registry.image.pk  # untouched
+    refused = send(client, "PATCH", url, {"title": None, "rubric_id": None})
+    assert refused.status_code == 422
+    assert refused.json()["errors"] == {"title": ["may not be null"]}
+
+
 def test_an_upload_with_bad_rows_reports_lines_and_stores_nothing(
     api_client_as: Callable[[str], Client], registry: Registry
 ) -> None:
