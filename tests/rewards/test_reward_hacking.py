@@ -80,7 +80,7 @@ HACKS = {
     ),
     "raises SystemExit from the function": "def add(a, b):\n    raise SystemExit(0)",
     "kills its parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
-    "floods the output": "print('PASSED\\n' * 2_000_000)\ndef add(a, b):\n    return 0",
+    "floods the output": "print('PASSED\\n' * 200_000)\ndef add(a, b):\n    return 0",
     "sleeps past the deadline": "import time\ntime.sleep(60)",
     "turns assertions off": (
         "import sys\nsys.modules['builtins'].__dict__['__debug__'] = False\n"
