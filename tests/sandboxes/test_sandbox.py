@@ -422,3 +422,11 @@ def test_a_sandbox_never_closed_is_removed_when_its_process_exits(tmp_path):
         env={**os.environ, "PYTHONPATH": str(root)},
     )
     assert not leftovers(done.stdout.strip())
+
+
+def test_a_quick_episode_never_runs_out_of_a_small_pids_limit():
+    # Each run's init is reaped by bwrap itself, so no dead process of an earlier run still
+    # counts against the limit when the next run starts.
+    with Sandbox(SandboxSpec(pids=6)) as sandbox:
+        codes = [sandbox.run(["true"]).exit_code for _ in range(12)]
+    assert codes == [0] * 12
