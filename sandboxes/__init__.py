@@ -22,6 +22,9 @@ What a ``bwrap`` sandbox sees (the default driver):
   ``USER`` and the spec's (and image's) ``env`` — nothing from the host's.
 - Its own network namespace: no route anywhere; ``network="loopback"`` keeps a private ``lo``
   up, ``"none"`` also forbids creating IP sockets.
+- Pid 1 is a two-line ``/bin/sh`` init (``sandboxes.bwrap.INIT_SCRIPT``) that starts the
+  command, reaps orphaned zombies while it waits and exits with the command's status; the
+  kernel then kills everything left in the pid namespace (daemons included).
 - It runs as an unprivileged uid (``nobody`` when the host side is root) in its own user, pid,
   ipc, uts, mount and cgroup namespaces, with no capabilities, no new privileges (bwrap sets
   ``PR_SET_NO_NEW_PRIVS``) and no further user namespaces.

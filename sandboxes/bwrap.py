@@ -2,9 +2,9 @@
 
 Each ``run`` is one bwrap invocation in the sandbox's long-lived cgroup and workspace, so
 files in /work and /tmp persist across the runs of an episode while no process outlives its
-run: when the command exits, bwrap's pid-1 init dies and the kernel kills the rest of the pid
-namespace; the cgroup is then checked empty (and killed through the freezer/cgroup.kill if
-not). On timeout the whole cgroup is killed.
+run: when the command exits, the sandbox's pid-1 init (``INIT_SCRIPT``) exits and the kernel
+kills the rest of the pid namespace; the cgroup is then checked empty (and killed through
+the freezer/cgroup.kill if not). On timeout the whole cgroup is killed.
 """
 
 from __future__ import annotations
