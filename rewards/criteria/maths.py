@@ -62,10 +62,19 @@ class MathEquivalence(Criterion):
         explicit = answer is not None and (
             pattern is not None or mode != "auto" or answer != response.strip()
         )
+        standalone = True
         if not explicit:
-            # No boxed/tag/marker: as math-verify does, the last number is the answer.
-            numbers = NUMBER.findall(response[-MAX_TAIL_CHARS:])
-            candidate = numbers[-1].replace(" ", "") if numbers else None
+            # No boxed/tag/marker: as math-verify does, the last number is the answer —
+            # unless it is part of an expression ("x = 3/4", "\\frac{3}{4}"), which only the
+            # symbolic path reads right.
+            tail = response[-MAX_TAIL_CHARS:]
+            numbers = list(NUMBER.finditer(tail))
+            candidate = numbers[-1].group(0).replace(" ", "") if numbers else None
+            if numbers:
+                last = numbers[-1]
+                standalone = _standalone(tail, last.start(), last.end())
+                if tail[last.end() :].lstrip().startswith(("%", "\\%")):
+                    candidate = f"{candidate}%"
         else:
             candidate = answer
         if candidate is not None and len(candidate) > limit:
@@ -74,7 +83,7 @@ class MathEquivalence(Criterion):
         details: dict[str, Any] = {"extracted": candidate, "expected": golds}
 
         # Fast path: plain numbers on both sides decide without SymPy.
-        got = parse_number(candidate) if candidate is not None else None
+        got = parse_number(candidate) if candidate is not None and standalone else None
         if got is not None:
             parsed_golds = [parse_number(g) for g in golds]
             if all(p is not None for p in parsed_golds):
@@ -98,6 +107,22 @@ class MathEquivalence(Criterion):
         except WorkerError as exc:
             raise CriterionError(f"math-verify failed: {exc}") from exc
         return Outcome(1.0 if ok else 0.0, {**details, "method": "symbolic"})
+
+
+_OPERATORS = set("+-*/^_{}()[]\\|!×÷·")
+
+
+def _standalone(text: str, start: int, end: int) -> bool:
+    """Whether the number at text[start:end] stands alone rather than inside an expression
+    ("3/4", "2^{10}", "3x", "f(3)"); "12 apples" and "x = 3." stand alone."""
+    before = text[:start].rstrip()[-1:]
+    right_after = text[end : end + 1]
+    after = text[end:].lstrip()[:1]
+    if before and before in _OPERATORS:
+        return False
+    if right_after.isalpha() or (after and after in _OPERATORS):
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=65536)

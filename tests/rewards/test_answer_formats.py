@@ -57,6 +57,11 @@ MATH_CASES = [
     (r"\boxed{2\pi}", r"2\pi", True),
     (r"\boxed{10^{3}}", "1000", True),
     (r"\boxed{x = 3}", "3", True),
+    # a bare expression, no markers: the last number alone would be wrong
+    (r"\frac{3}{4}", "0.75", True),
+    ("So x = 3/4.", "0.75", True),
+    ("The growth was 45%", "0.45", True),
+    ("so the count is $2^{10}$", "1024", True),
     # hostile or empty
     ("I don't know.", "3", False),
     ("", "3", False),
