@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from console.accounts.models import Team
@@ -79,6 +81,27 @@ def rubric_version_get(*, rubric: Rubric, number: int) -> RubricVersion:
     return RubricVersion.objects.select_related("rubric__team", "created_by", "published_by").get(
         rubric=rubric, number=number
     )
+
+
+def rubric_version_changes(*, version: RubricVersion) -> list[tuple[str, str]]:
+    """Lines of a unified diff of the source against the previous version, each with its kind
+    (add, remove, hunk, same) for the page; empty for version 1."""
+    previous = (
+        RubricVersion.objects.filter(rubric_id=version.rubric_id, number__lt=version.number)
+        .order_by("-number")
+        .first()
+    )
+    if previous is None:
+        return []
+    lines = difflib.unified_diff(
+        previous.source.splitlines(),
+        version.source.splitlines(),
+        fromfile=f"v{previous.number}",
+        tofile=f"v{version.number}",
+        lineterm="",
+    )
+    kinds = {"+": "add", "-": "remove", "@": "hunk"}
+    return [(kinds.get(line[:1], "same"), line) for line in lines]
 
 
 def rubric_draft(*, rubric: Rubric) -> RubricVersion | None:

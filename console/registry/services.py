@@ -232,7 +232,8 @@ def domain_upload_tasks(
 
     If any row is invalid nothing changes, unless `keep_valid_rows`; then the valid rows are
     stored and the invalid ones reported. Either way the report lists errors by line number.
-    Memory stays bounded by one chunk of rows and one line, whatever the file's size.
+    Rows stream into the table as they are read, so memory holds about one line, whatever the
+    file's size.
     """
     if not (0 <= held_out_fraction <= 1):
         raise ValidationError({"held_out_fraction": "must be between 0 and 1"})

@@ -430,6 +430,7 @@ def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
     context = {
         "rubric": version.rubric,
         "version": version,
+        "changes": selectors.rubric_version_changes(version=version),
         "can_edit": _can_edit(membership),
         "try_form": forms.TrySampleForm(),
     }

@@ -575,3 +575,15 @@ def test_a_rubric_version_scores_a_sample_for_researchers_only(
     # Without htmx the whole page comes back, with the result in it.
     page = client_as(OWNER).post(url, sample).content.decode()
     assert "<html" in page and '<strong id="try-total">1.1</strong>' in page
+
+
+def test_a_version_page_shows_what_changed_since_the_previous_version(
+    owner_client: Client, registry: Registry
+) -> None:
+    url = reverse("registry:rubric_version", args=[registry.rubric.pk, 2])
+    content = owner_client.get(url).content.decode()
+    assert '<pre class="diff" id="version-diff">' in content
+    assert '<span class="remove">-  &quot;version&quot;: 1,</span>' in content
+    assert '<span class="add">+version: 1</span>' in content
+    first = owner_client.get(reverse("registry:rubric_version", args=[registry.rubric.pk, 1]))
+    assert "Changes from the previous version" not in first.content.decode()
