@@ -118,11 +118,8 @@ def _standalone(text: str, start: int, end: int) -> bool:
     before = text[:start].rstrip()[-1:]
     right_after = text[end : end + 1]
     after = text[end:].lstrip()[:1]
-    if before and before in _OPERATORS:
-        return False
-    if right_after.isalpha() or (after and after in _OPERATORS):
-        return False
-    return True
+    touches_operator = bool(before and before in _OPERATORS) or bool(after and after in _OPERATORS)
+    return not (touches_operator or right_after.isalpha())
 
 
 @functools.lru_cache(maxsize=65536)
