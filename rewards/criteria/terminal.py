@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import threading
@@ -77,16 +76,10 @@ class CheckScript(Criterion):
 
     def _check(self, sandbox: Any, timeout: float) -> Outcome:
         argv = [*self.params.get("interpreter", ["sh", "-c"]), self.params["script"]]
-        try:
-            result = sandbox.run(
-                argv,
-                timeout=timeout,
-                cwd=self.params.get("cwd"),
-                env=self.params.get("env"),
-            )
-        finally:
-            with contextlib.suppress(Exception):
-                sandbox.kill()
+        # The sandbox kills every process of the check when the run ends (or times out).
+        result = sandbox.run(
+            argv, timeout=timeout, cwd=self.params.get("cwd"), env=self.params.get("env")
+        )
         details: dict[str, Any] = {
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
