@@ -100,6 +100,7 @@ class Sandbox:
         self._cwd = WORK_DIR
         self._driver: Driver | None = None
         self._restore_archive: bytes | None = None
+        self._restore_image_digest: str | None = None
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -116,6 +117,13 @@ class Sandbox:
         self._driver = driver
         _open_sandboxes.add(self)
         try:
+            expected = self._restore_image_digest
+            if expected is not None and driver.image_digest != expected:
+                raise SandboxError(
+                    f"the snapshot ran in image {expected}, this machine builds "
+                    f"{driver.image_digest} from the same spec; restore with "
+                    "Sandbox.restore(snapshot, allow_image_change=True) to resume anyway"
+                )
             if self._restore_archive is not None:
                 driver.extract(self._restore_archive)
             for path, content in self.spec.files.items():
@@ -236,13 +244,21 @@ class Sandbox:
         )
 
     @classmethod
-    def restore(cls, snapshot: Snapshot | str | os.PathLike[str]) -> Sandbox:
-        """A new sandbox (open it with ``with``) whose /work and cwd are the snapshot's."""
+    def restore(
+        cls, snapshot: Snapshot | str | os.PathLike[str], *, allow_image_change: bool = False
+    ) -> Sandbox:
+        """A new sandbox (open it with ``with``) whose /work and cwd are the snapshot's.
+
+        Opening it refuses to resume in an image whose digest differs from the snapshot's
+        (another machine's base system, say) unless ``allow_image_change``.
+        """
         if not isinstance(snapshot, Snapshot):
             snapshot = Snapshot.load(os.fspath(snapshot))
         spec = SandboxSpec.from_dict({**snapshot.spec, "files": {}})
         sandbox = cls(spec)
         sandbox._restore_archive = snapshot.work_archive
+        if not allow_image_change:
+            sandbox._restore_image_digest = snapshot.image_digest
         sandbox._cwd = _sandbox_dir(snapshot.cwd, WORK_DIR)
         return sandbox
 

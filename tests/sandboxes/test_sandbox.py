@@ -430,3 +430,24 @@ def test_a_quick_episode_never_runs_out_of_a_small_pids_limit():
     with Sandbox(SandboxSpec(pids=6)) as sandbox:
         codes = [sandbox.run(["true"]).exit_code for _ in range(12)]
     assert codes == [0] * 12
+
+
+def test_restoring_into_a_different_image_is_refused_unless_allowed(tmp_path, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setenv("SANDBOXES_IMAGE_CACHE", str(Path("/var/tmp") / f"sbx-img-{os.getpid()}"))
+    image = ImageSpec(name="plain", setup="echo v1 > /image/version")
+    try:
+        with Sandbox(SandboxSpec(image=image)) as sandbox:
+            sandbox.write_files({"state.txt": "kept"})
+            snapshot = sandbox.snapshot()
+        assert snapshot.image_digest == image.digest()
+        moved = dataclasses.replace(snapshot, image_digest="sha256:" + "0" * 64)
+        with pytest.raises(SandboxError, match="allow_image_change"):
+            Sandbox.restore(moved).open()
+        with Sandbox.restore(moved, allow_image_change=True) as resumed:
+            assert resumed.read_file("state.txt") == b"kept"
+    finally:
+        import shutil
+
+        shutil.rmtree(Path("/var/tmp") / f"sbx-img-{os.getpid()}", ignore_errors=True)
