@@ -680,3 +680,107 @@ class RuntimeEfficiency(_SandboxedCriterion):
         score = min(1.0, slack * reference_time / candidate_time)
         details.update(reference_s=reference_time, candidate_s=candidate_time)
         return Outcome(score, details)
+
+
+def _normalise_output(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+@register
+class IoTests(_SandboxedCriterion):
+    """Runs the candidate as a program on each input; scores the fraction of right outputs.
+
+    For stdin/stdout tasks (competitive programming, CodeContests/APPS style). ``cases``
+    (or the sample's ``ground_truth``: a list, or a dict with ``cases``; or a dict with
+    ``inputs`` and ``outputs`` lists) hold ``{"stdin": ..., "stdout": ...}``. Each case is
+    one run of ``python3 -I solution.py`` in the sample's sandbox, limited to ``timeout_s``
+    divided among the cases. Outputs are compared on the host, line by line, ignoring
+    trailing whitespace (``exact: true`` compares bytes): the expected output never enters
+    the sandbox, so a program can only print it by computing it. ``stop_on_failure`` skips
+    the remaining cases after the first failure (they count as failed).
+    """
+
+    kind = "io_tests"
+    summary = "Fraction of stdin/stdout cases the program answers right, run in a sandbox."
+    params_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "code_from": CODE_FROM_SCHEMA,
+            "cases": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["stdin", "stdout"],
+                    "additionalProperties": False,
+                    "properties": {"stdin": {"type": "string"}, "stdout": {"type": "string"}},
+                },
+            },
+            "exact": {"type": "boolean"},
+            "stop_on_failure": {"type": "boolean"},
+        },
+    }
+
+    def _cases(self, sample: Sample) -> list[tuple[str, str]]:
+        cases: Any = self.params.get("cases")
+        truth = sample.ground_truth
+        if cases is None and isinstance(truth, dict):
+            if "inputs" in truth and "outputs" in truth:
+                inputs, outputs = truth["inputs"], truth["outputs"]
+                if (
+                    not isinstance(inputs, list)
+                    or not isinstance(outputs, list)
+                    or len(inputs) != len(outputs)
+                ):
+                    raise CriterionError("'inputs' and 'outputs' must be lists of equal length")
+                cases = [{"stdin": i, "stdout": o} for i, o in zip(inputs, outputs, strict=True)]
+            else:
+                cases = truth.get("cases")
+        elif cases is None:
+            cases = truth
+        if not isinstance(cases, list) or not cases:
+            raise CriterionError("no cases: give params.cases or cases as ground_truth")
+        parsed = []
+        for case in cases:
+            if not (isinstance(case, dict) and isinstance(case.get("stdin"), str)
+                    and isinstance(case.get("stdout"), str)):  # fmt: skip
+                raise CriterionError("each case needs 'stdin' and 'stdout' strings")
+            parsed.append((case["stdin"], case["stdout"]))
+        return parsed
+
+    def judge(self, sample: Sample, state: ScoringState) -> Outcome:
+        code = candidate_code(sample, self.params)
+        cases = self._cases(sample)
+        per_case_timeout = max(0.5, self.context.timeout_s / len(cases))
+        directory = fresh_dir("io")
+        sandbox = state.sandbox()
+        exact = bool(self.params.get("exact", False))
+        results: list[dict[str, Any]] = []
+        passed = 0
+        for index, (stdin, expected) in enumerate(cases):
+            if results and self.params.get("stop_on_failure") and not results[-1]["passed"]:
+                results.append({"case": index, "passed": False, "skipped": True})
+                continue
+            files = {"solution.py": code} if index == 0 else {}
+            run = run_in(sandbox, directory, files, ["python3", "-I", "solution.py"],
+                         stdin=stdin, timeout=per_case_timeout)  # fmt: skip
+            got = run.stdout
+            ok = (
+                (got == expected)
+                if exact
+                else (_normalise_output(got) == _normalise_output(expected))
+            )
+            ok = ok and not run.timed_out and not run.truncated
+            outcome: dict[str, Any] = {"case": index, "passed": ok}
+            if not ok:
+                outcome.update(got=tail(got, 300), stderr=tail(run.stderr, 300),
+                               exit_code=run.exit_code, timed_out=run.timed_out)  # fmt: skip
+            passed += ok
+            results.append(outcome)
+        return Outcome(
+            passed / len(cases), {"passed": passed, "total": len(cases), "cases": results}
+        )
+
+    def evaluate(self, sample: Sample) -> Outcome:
+        raise CriterionError("io_tests needs a rubric's sandbox")

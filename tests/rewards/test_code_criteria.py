@@ -176,3 +176,29 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_sandboxed_function_params_are_checked_before_running():
     spec = one_criterion("sandboxed_function", {"code": "def other(): pass"})
     assert validate_spec(spec)[0].path == "criteria[0].params.function"
+
+
+def test_io_tests_compare_outputs_on_the_host():
+    cases = [
+        {"stdin": "1 2\n", "stdout": "3\n"},
+        {"stdin": "10 -4\n", "stdout": "6"},
+        {"stdin": "0 0\n", "stdout": "0\n"},
+    ]
+    with Rubric.from_spec(one_criterion("io_tests", {"cases": cases})) as rubric:
+        right = rubric.score(sample(fenced("a, b = map(int, input().split())\nprint(a + b)  ")))
+        off_by_one = rubric.score(
+            sample(fenced("a, b = map(int, input().split())\nprint(a + b + (a == 0))"))
+        )
+        liar = rubric.score(sample(fenced("import sys\nprint('3')\nsys.exit(0)")))
+    assert right.total == 1.0
+    assert off_by_one.total == pytest.approx(2 / 3)
+    assert off_by_one.details["c"]["cases"][2]["got"] == "1\n"
+    assert liar.total == pytest.approx(1 / 3)  # a constant answer passes only its own case
+
+
+def test_io_tests_read_codecontests_style_ground_truth():
+    truth = {"inputs": ["2\n", "5\n"], "outputs": ["4\n", "25\n"]}
+    with Rubric.from_spec(one_criterion("io_tests", {"stop_on_failure": True})) as rubric:
+        result = rubric.score(sample(fenced("n = int(input())\nprint(n + n)"), truth))
+    assert result.total == 0.5
+    assert result.details["c"]["cases"][1]["got"] == "10\n"
