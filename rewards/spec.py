@@ -153,6 +153,12 @@ def validate_spec(spec: Any) -> list[SpecIssue]:
             if isinstance(criterion, dict):
                 issues.extend(_criterion_issues(index, criterion, names))
     issues.extend(_aggregate_issues(spec, names))
+    if (
+        isinstance(criteria, list)
+        and criteria
+        and all(isinstance(c, dict) and c.get("weight", 1) == 0 for c in criteria)
+    ):
+        issues.append(SpecIssue("criteria", "every weight is 0, so every total would be 0"))
     issues.extend(_clip_issues(spec.get("clip")))
     return sorted(_dedupe(issues), key=_path_order)
 

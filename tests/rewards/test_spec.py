@@ -126,3 +126,10 @@ def test_the_rubric_schema_itself_is_valid_json_schema():
     from jsonschema import Draft202012Validator
 
     Draft202012Validator.check_schema(RUBRIC_SCHEMA)
+
+
+def test_a_rubric_whose_weights_are_all_zero_is_refused():
+    spec = spec_with({**EXACT, "weight": 0}, {**EXACT, "name": "b", "weight": 0})
+    assert validate_spec(spec) == [
+        SpecIssue("criteria", "every weight is 0, so every total would be 0")
+    ]
