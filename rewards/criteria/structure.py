@@ -46,6 +46,9 @@ class JsonSchema(Criterion):
 
     kind = "json_schema"
     summary = "The response holds JSON valid against a JSON schema (jsonschema)."
+    # A schema's "pattern" keywords run regexes over model output: keep a deadline on it.
+    blocking = True
+    default_timeout_s = 5.0
     params_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "additionalProperties": False,
