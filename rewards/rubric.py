@@ -55,8 +55,11 @@ def call_with_deadline(function: Callable[[], T], deadline_s: float) -> T:
     """Runs ``function`` on a fresh daemon thread and waits at most ``deadline_s``.
 
     Python cannot stop a thread, so a function that overruns keeps running in the background
-    until it returns; the caller gets `DeadlineExceeded` at once and moves on. Code that may
-    never return (model-written code) therefore runs in a sandbox, which is killed instead.
+    until it returns; the caller gets `DeadlineExceeded` at once and moves on. C code that
+    holds the GIL (a backtracking `re`, SymPy on huge integers) would stall even the waiting,
+    so the criteria keep such work out of threads: model-written code runs in a sandbox,
+    symbolic maths in killable worker processes (`rewards.workers`), and regexes over model
+    output use the `regex` module's own timeout.
     """
     box: dict[str, Any] = {}
 

@@ -6,12 +6,28 @@ import json
 import re
 from typing import Any, ClassVar
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError, ValidationError
 
-from rewards.extract import extract_answer
+from rewards.extract import REGEX_TIMEOUT_S, compiled, extract_answer
 from rewards.registry import Criterion, ParamProblem, register
-from rewards.types import Outcome, Sample
+from rewards.types import CriterionError, Outcome, Sample
+
+
+def _pattern_with_timeout(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    # jsonschema's own "pattern" uses `re`, which holds the GIL for as long as a
+    # catastrophic pattern backtracks over model output; `regex` gives up after a timeout.
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        matched = compiled(pattern).search(instance, timeout=REGEX_TIMEOUT_S)
+    except TimeoutError as exc:
+        raise CriterionError(f"schema pattern {pattern!r} timed out") from exc
+    if matched is None:
+        yield ValidationError(f"{instance[:100]!r} does not match {pattern!r}")
+
+
+_Validator = validators.extend(Draft202012Validator, {"pattern": _pattern_with_timeout})
 
 _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 MAX_JSON_CHARS = 1_000_000
@@ -76,7 +92,7 @@ class JsonSchema(Criterion):
 
     def __init__(self, params: dict[str, Any], context: Any) -> None:
         super().__init__(params, context)
-        self._validator = Draft202012Validator(params["schema"])
+        self._validator = _Validator(params["schema"])
 
     def evaluate(self, sample: Sample) -> Outcome:
         text = sample.response

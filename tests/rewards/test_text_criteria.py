@@ -206,3 +206,10 @@ def test_brevity_bonus_pays_only_when_the_named_criterion_passed():
 def test_length_penalty_params_are_checked():
     spec = one_criterion("length_penalty", {"budget_tokens": 100, "zero_at_tokens": 50})
     assert [i.path for i in validate_spec(spec)] == ["criteria[0].params.zero_at_tokens"]
+
+
+def test_a_catastrophic_schema_pattern_times_out_instead_of_freezing_the_process(scorer):
+    score = scorer("json_schema", {"schema": {"type": "string", "pattern": "^(a|aa)+$"}})
+    value, details = score('"' + "a" * 60 + 'b"')
+    assert value == 0.0 and "timed out" in details["error"]
+    assert score('"aaaa"')[0] == 1.0
