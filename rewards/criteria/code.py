@@ -445,7 +445,7 @@ class Compiles(_SandboxedCriterion):
         ok = result.ok and result.stdout.strip() == "compiled"
         details: dict[str, Any] = {"compiled": ok}
         if not ok:
-            details["error"] = tail(result.stderr.strip(), 1000) or exec_summary(result)
+            details["reason"] = tail(result.stderr.strip(), 1000) or exec_summary(result)
         return Outcome(1.0 if ok else 0.0, details)
 
 
@@ -665,7 +665,7 @@ class RuntimeEfficiency(_SandboxedCriterion):
             raise CriterionError(f"the reference solution failed: {reference_record}")
         details: dict[str, Any] = {"baseline_s": baseline}
         if not candidate_record or "value" not in candidate_record:
-            details["error"] = (candidate_record or {}).get("error") or exec_summary(candidate_run)
+            details["reason"] = (candidate_record or {}).get("error") or exec_summary(candidate_run)
             return Outcome(0.0, details)
         try:
             same = decode(candidate_record["value"]) == decode(reference_record["value"])

@@ -55,7 +55,7 @@ def test_a_partly_wrong_solution_scores_the_fraction_and_shows_what_it_got(code_
 def test_code_that_does_not_compile_is_gated_to_zero(code_rubric):
     result = code_rubric.score(sample(fenced("def add(a b):\n    return a"), ADD_TESTS))
     assert result.breakdown["compiles"] == 0.0
-    assert "SyntaxError" in result.details["compiles"]["error"]
+    assert "SyntaxError" in result.details["compiles"]["reason"]
     assert result.total == 0.0
 
 
