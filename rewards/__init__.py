@@ -47,7 +47,9 @@ Many domains: ``RubricRouter.from_specs({"gsm8k": spec_a, "mbpp": spec_b})`` sco
 sample with its domain's rubric (as verl routes by ``data_source``), input order kept.
 
 A criterion that crashes or overruns its deadline scores 0 with the reason in
-``details[name]["error"]``; it never fails the batch. Model-written code only ever runs inside
+``details[name]["error"]``; it never fails the batch. (A criterion that judged and found the
+sample wanting says why in ``details[name]["reason"]`` or its own fields instead, so
+``"error"`` always means "could not judge".) Model-written code only ever runs inside
 a sandbox from the `sandboxes` library.
 """
 
