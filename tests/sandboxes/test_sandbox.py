@@ -451,3 +451,23 @@ def test_restoring_into_a_different_image_is_refused_unless_allowed(tmp_path, mo
         import shutil
 
         shutil.rmtree(Path("/var/tmp") / f"sbx-img-{os.getpid()}", ignore_errors=True)
+
+
+def test_runs_from_several_threads_on_one_sandbox_take_turns():
+    import threading
+
+    results: dict[int, str] = {}
+    with Sandbox(SandboxSpec()) as sandbox:
+
+        def call(n: int) -> None:
+            out = sandbox.run(["sh", "-c", f"echo {n} >> log; sleep 0.1; echo {n}"])
+            results[n] = out.stdout
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        log = sandbox.read_file("log").decode().split()
+    assert results == {n: f"{n}\n" for n in range(4)}
+    assert sorted(log) == ["0", "1", "2", "3"]
