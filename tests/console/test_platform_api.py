@@ -49,3 +49,14 @@ def test_the_openapi_schema_lists_the_endpoints_and_bearer_auth(client, db):
     assert any(
         s.get("scheme") == "bearer" for s in schema["components"]["securitySchemes"].values()
     )
+
+
+def test_the_api_docs_page_is_served(client, db):
+    response = client.get("/api/docs")
+    assert response.status_code == 200
+    assert "openapi.json" in response.content.decode()
+
+
+def test_the_registry_router_is_mounted_under_the_api(client, db):
+    schema = client.get("/api/openapi.json").json()
+    assert any(path.startswith("/api/registry/") for path in schema["paths"])

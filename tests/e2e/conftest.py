@@ -115,7 +115,8 @@ def _asgi_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    log_path = ARTIFACTS_DIR / "asgi-server.log"
+    # Per port: concurrent test runs share test-artifacts/.
+    log_path = ARTIFACTS_DIR / f"asgi-server-{port}.log"
     ARTIFACTS_DIR.mkdir(exist_ok=True)
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:
