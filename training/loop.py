@@ -527,7 +527,7 @@ class _Run:
                     policy_version=last.policy_version if last else self.step,
                     messages=trajectory.messages,
                     turns=turns,
-                    tool_seconds=sum(o["wall_s"] for o in observations),
+                    tool_seconds=float(sum(float(o["wall_s"] or 0.0) for o in observations)),
                     observations=observations,
                     sandbox_image=trajectory.sandbox_image,
                 )

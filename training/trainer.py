@@ -180,7 +180,7 @@ class Trainer:
             import deepspeed
 
             gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-        lm = self.module.lm if self.has_value_head else self.module
+        lm: Any = self.module.lm if self.has_value_head else self.module
         with gather:
             state = {k: v.detach().clone() for k, v in lm.state_dict().items()}
         yield from state.items()
