@@ -132,3 +132,18 @@ def test_user_text_in_the_log_is_escaped(owner_client, people):
     assert "<script>alert(1)</script>" not in content
     assert "&lt;script&gt;" in content
     assert "<b>hi</b>" not in content
+
+
+def test_the_target_link_shows_everything_recorded_about_one_object(owner_client, people):
+    mine = Membership.objects.get(user=people.owner)
+    theirs = Membership.objects.get(user=people.teammate_admin)
+    record(people, action="membership.first", label_target=mine)
+    record(people, action="membership.second", label_target=theirs)
+    page = owner_client.get("/audit/").content.decode()
+    assert f"target_type=accounts.membership&amp;target_id={mine.pk}" in page
+    fragment = owner_client.get(
+        "/audit/",
+        {"target_type": "accounts.membership", "target_id": mine.pk},
+        headers={"HX-Request": "true"},
+    ).content.decode()
+    assert "membership.first" in fragment and "membership.second" not in fragment
