@@ -51,6 +51,8 @@ class Criterion:
     # Sandboxed kinds that need coverage.py or ruff inside the sandbox (the tools image).
     needs_tools: ClassVar[bool] = False
     default_timeout_s: ClassVar[float] = 10.0
+    # Kinds that implement `evaluate_batch` (they must not read `state.earlier`).
+    batchable: ClassVar[bool] = False
 
     def __init__(self, params: dict[str, Any], context: CriterionContext) -> None:
         self.params = params
@@ -67,6 +69,13 @@ class Criterion:
 
     def evaluate(self, sample: Sample) -> Outcome:
         raise NotImplementedError
+
+    def evaluate_batch(self, samples: list[Sample]) -> list[Outcome] | None:
+        """Judges many samples in one go (a batched model forward, one call of a TRL
+        function), or returns None when this criterion judges one at a time. `score_batch`
+        calls it first for kinds with ``batchable``; if it raises, those samples are judged
+        one by one instead."""
+        return None
 
     def judge(self, sample: Sample, state: ScoringState) -> Outcome:
         """What the rubric calls. ``state`` holds the scores of the criteria before this one

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import logging
 import math
 import os
 import threading
@@ -13,6 +14,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from rewards.registry import Criterion, CriterionContext, ParamsError, kind_class
@@ -21,6 +23,7 @@ from rewards.spec import RubricSpecError, SpecIssue, raise_for_spec
 from rewards.types import CriterionError, Outcome, RewardResult, Sample
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # How much longer than its own timeout a sandboxed criterion may take in all (creating the
 # sandbox, copying files, several runs) before the rubric gives up on it.
@@ -161,12 +164,20 @@ class Rubric:
         in ``details[name]["error"]``; this method itself does not raise for them."""
         if not isinstance(sample, Sample):
             sample = Sample.from_dict(sample)
+        return self._score(sample, {})
+
+    def _score(
+        self, sample: Sample, judged: dict[str, tuple[float, dict[str, Any]]]
+    ) -> RewardResult:
         breakdown: dict[str, float] = {}
         details: dict[str, Any] = {}
         state = ScoringState(self._sandboxes)
         try:
             for entry in self._entries:
-                score, found = self._evaluate(entry, sample, state)
+                if entry.name in judged:
+                    score, found = judged[entry.name]
+                else:
+                    score, found = self._evaluate(entry, sample, state)
                 breakdown[entry.name] = score
                 details[entry.name] = found
                 state.earlier[entry.name] = score
@@ -190,12 +201,47 @@ class Rubric:
         workers = max_workers if max_workers is not None else self.default_workers
         if workers < 1:
             raise ValueError("max_workers must be at least 1")
+        judged = self._judge_batchable(batch)
         parallel = self._parallel or max_workers is not None
         if workers == 1 or len(batch) <= 1 or not parallel:
             with _cyclic_gc_paused(len(batch) >= 64):
-                return [self.score(sample) for sample in batch]
+                return [self._score(s, judged[i]) for i, s in enumerate(batch)]
         with ThreadPoolExecutor(max_workers=min(workers, len(batch))) as pool:
-            return list(pool.map(self.score, batch))
+            return list(pool.map(self._score, batch, judged))
+
+    def _judge_batchable(
+        self, batch: list[Sample]
+    ) -> list[dict[str, tuple[float, dict[str, Any]]]]:
+        """Outcomes of the batchable criteria for the whole batch, per sample; a criterion
+        whose batch call fails is left out, so each sample is judged alone."""
+        judged: list[dict[str, tuple[float, dict[str, Any]]]] = [{} for _ in batch]
+        if len(batch) < 2:
+            return judged
+        for entry in self._entries:
+            criterion = entry.criterion
+            if not criterion.batchable:
+                continue
+            started = time.perf_counter()
+            deadline = entry.timeout_s * max(1.0, len(batch) / 8)
+            try:
+                outcomes = call_with_deadline(partial(criterion.evaluate_batch, batch), deadline)
+            except DeadlineExceeded as exc:
+                failed = {"error": f"batch {exc}", "timed_out": True}
+                for per_sample in judged:
+                    per_sample[entry.name] = (0.0, dict(failed))
+                continue
+            except Exception:  # noqa: BLE001 - judged one by one instead
+                log.info("batch judgement of %r failed; judging one by one", entry.name,
+                         exc_info=True)  # fmt: skip
+                continue
+            if outcomes is None or len(outcomes) != len(batch):
+                continue
+            share = round((time.perf_counter() - started) * 1000 / len(batch), 3)
+            for per_sample, outcome in zip(judged, outcomes, strict=True):
+                if isinstance(outcome, Outcome):
+                    found = {**outcome.details, "elapsed_ms": share, "batched": True}
+                    per_sample[entry.name] = (float(outcome.score), found)
+        return judged
 
     def close(self) -> None:
         for entry in self._entries:

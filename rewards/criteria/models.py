@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 import threading
@@ -50,12 +51,14 @@ class RewardModel(Criterion):
     response alone), truncated to ``max_length`` tokens (default 2048). The score is the
     logit of ``label`` (default 0); ``transform`` ``sigmoid`` maps it into (0, 1), and
     ``scale``/``shift`` apply after. ``device``: ``cpu``, ``cuda``, or ``auto`` (default:
-    CUDA when present). The model loads once per process and is shared across rubrics.
+    CUDA when present). The model loads once per process and is shared across rubrics;
+    `Rubric.score_batch` scores in padded batches of ``batch_size`` (default 16).
     """
 
     kind = "reward_model"
     summary = "A local sequence-classification reward model's score (transformers)."
     blocking = True
+    batchable = True
     default_timeout_s = 60.0
     params_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -70,10 +73,37 @@ class RewardModel(Criterion):
             "scale": {"type": "number"},
             "shift": {"type": "number"},
             "device": {"type": "string", "enum": ["auto", "cpu", "cuda"]},
+            "batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
         },
     }
 
     def evaluate(self, sample: Sample) -> Outcome:
+        return self._score_chunk([sample])[0]
+
+    def evaluate_batch(self, samples: list[Sample]) -> list[Outcome] | None:
+        """Scores the batch in padded chunks of ``batch_size`` (default 16)."""
+        size = int(self.params.get("batch_size", 16))
+        outcomes: list[Outcome] = []
+        for start in range(0, len(samples), size):
+            outcomes.extend(self._score_chunk(samples[start : start + size]))
+        return outcomes
+
+    def _texts(self, tokenizer: Any, sample: Sample) -> tuple[str, str | None]:
+        mode = self.params.get("input", "pair")
+        if mode == "chat":
+            conversation = sample.messages or [
+                {"role": "user", "content": sample.prompt_text},
+                {"role": "assistant", "content": sample.response},
+            ]
+            messages = [
+                {"role": m.get("role", "user"), "content": message_text(m)} for m in conversation
+            ]
+            return str(tokenizer.apply_chat_template(messages, tokenize=False)), None
+        if mode == "response":
+            return sample.response, None
+        return sample.prompt_text, sample.response
+
+    def _score_chunk(self, samples: list[Sample]) -> list[Outcome]:
         import torch
 
         device = _resolve_device(self.params.get("device", "auto"))
@@ -84,43 +114,42 @@ class RewardModel(Criterion):
                 f"cannot load reward model {self.params['path']!r}: {exc}"
             ) from exc
         max_length = int(self.params.get("max_length", 2048))
-        mode = self.params.get("input", "pair")
-        if mode == "chat":
-            conversation = sample.messages or [
-                {"role": "user", "content": sample.prompt_text},
-                {"role": "assistant", "content": sample.response},
-            ]
-            text = tokenizer.apply_chat_template(
-                [{"role": m.get("role", "user"), "content": message_text(m)} for m in conversation],
-                tokenize=False,
-            )
-            encoded = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")
-        elif mode == "response":
-            encoded = tokenizer(
-                sample.response, truncation=True, max_length=max_length, return_tensors="pt"
-            )
-        else:
-            encoded = tokenizer(
-                sample.prompt_text,
-                sample.response,
-                truncation="longest_first",
-                max_length=max_length,
-                return_tensors="pt",
-            )
-        encoded = {k: v.to(device) for k, v in encoded.items() if k != "token_type_ids" or
-                   "token_type_ids" in model.forward.__code__.co_varnames}  # fmt: skip
+        pairs = [self._texts(tokenizer, sample) for sample in samples]
+        firsts = [first for first, _ in pairs]
+        seconds = [second for _, second in pairs]
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        encoded = tokenizer(
+            firsts,
+            seconds if all(s is not None for s in seconds) else None,
+            truncation="longest_first" if seconds[0] is not None else True,
+            max_length=max_length,
+            padding=True,
+            return_tensors="pt",
+        )
+        # Some architectures take no token_type_ids (inspect follows decorator wrappers).
+        accepted = inspect.signature(model.forward).parameters
+        inputs = {
+            k: v.to(device)
+            for k, v in encoded.items()
+            if k != "token_type_ids" or "token_type_ids" in accepted
+        }
         with torch.inference_mode():
-            logits = model(**encoded).logits[0]
+            logits = model(**inputs).logits
         label = int(self.params.get("label", 0))
         if label >= logits.shape[-1]:
             raise CriterionError(f"the model has {logits.shape[-1]} labels; label {label} is out")
-        value = float(logits[label])
-        if self.params.get("transform") == "sigmoid":
-            value = 1.0 / (1.0 + math.exp(-value))
-        value = value * float(self.params.get("scale", 1.0)) + float(self.params.get("shift", 0.0))
-        return Outcome(
-            value, {"logit": float(logits[label]), "tokens": int(encoded["input_ids"].shape[-1])}
-        )
+        outcomes = []
+        lengths = encoded["attention_mask"].sum(dim=1).tolist()
+        for row, tokens in zip(logits[:, label].tolist(), lengths, strict=True):
+            value = float(row)
+            if self.params.get("transform") == "sigmoid":
+                value = 1.0 / (1.0 + math.exp(-value))
+            value = value * float(self.params.get("scale", 1.0)) + float(
+                self.params.get("shift", 0.0)
+            )
+            outcomes.append(Outcome(value, {"logit": float(row), "tokens": int(tokens)}))
+        return outcomes
 
 
 @runtime_checkable

@@ -6,8 +6,9 @@ Two signatures are recognised and called unchanged:
   returns a number or a dict with ``"score"``. Called with the sample's domain, response,
   ground truth and metadata.
 - TRL: ``reward_func(prompts, completions, **kwargs)``, which returns a list of numbers (or
-  ``None`` for "does not apply"). Called with one-element lists; each metadata key is passed
-  as a one-element list (TRL passes dataset columns so), and ``ground_truth`` too. Chat
+  ``None`` for "does not apply"). `Rubric.score_batch` calls it once for the whole batch,
+  as TRL does (`Rubric.score` with one-element lists); each metadata key is passed as a
+  list (TRL passes dataset columns so; None where a sample lacks it), ``ground_truth`` too. Chat
   samples pass the prompt and completion as message lists, as TRL does for conversational
   data.
 """
@@ -95,19 +96,26 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
-def _trl_arguments(sample: Sample) -> dict[str, Any]:
-    if sample.messages is not None:
-        prompt: Any = (
-            sample.prompt
-            if isinstance(sample.prompt, list)
-            else [{"role": "user", "content": sample.prompt_text}]
-        )
-        completion: Any = [{"role": "assistant", "content": sample.response}]
-    else:
-        prompt, completion = sample.prompt_text, sample.response
-    columns = {key: [value] for key, value in sample.metadata.items()}
-    columns.setdefault("ground_truth", [sample.ground_truth])
-    return {"prompts": [prompt], "completions": [completion], **columns}
+def _trl_arguments(samples: list[Sample]) -> dict[str, Any]:
+    """TRL's call for a batch: prompts, completions, and every column as a list (a sample
+    without a column gets None there)."""
+    prompts: list[Any] = []
+    completions: list[Any] = []
+    for sample in samples:
+        if sample.messages is not None:
+            prompts.append(
+                sample.prompt
+                if isinstance(sample.prompt, list)
+                else [{"role": "user", "content": sample.prompt_text}]
+            )
+            completions.append([{"role": "assistant", "content": sample.response}])
+        else:
+            prompts.append(sample.prompt_text)
+            completions.append(sample.response)
+    keys = list(dict.fromkeys(key for sample in samples for key in sample.metadata))
+    columns = {key: [sample.metadata.get(key) for sample in samples] for key in keys}
+    columns.setdefault("ground_truth", [sample.ground_truth for sample in samples])
+    return {"prompts": prompts, "completions": completions, **columns}
 
 
 @register
@@ -125,6 +133,7 @@ class PythonFunction(Criterion):
     kind = "python_function"
     summary = "An installed reward function (verl compute_score or TRL reward_func)."
     blocking = True
+    batchable = True
     default_timeout_s = 30.0
     params_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -156,14 +165,26 @@ class PythonFunction(Criterion):
                 arguments.append(sample.metadata)
             value = self._function(*arguments, **kwargs)
         else:
-            values = self._function(**_trl_arguments(sample), **kwargs)
+            values = self._function(**_trl_arguments([sample]), **kwargs)
             if not isinstance(values, list | tuple) or len(values) != 1:
                 raise CriterionError("a TRL reward function must return one value per completion")
             value = values[0]
+        return self._outcome(value)
+
+    def _outcome(self, value: Any) -> Outcome:
         score, extra = _as_score(value)
         if score is None:
             return Outcome(0.0, {"applicable": False, "signature": self.signature})
         return Outcome(score, {"signature": self.signature, **extra})
+
+    def evaluate_batch(self, samples: list[Sample]) -> list[Outcome] | None:
+        """TRL functions are batch functions: one call for the whole batch, as TRL makes."""
+        if self.signature != "trl":
+            return None
+        values = self._function(**_trl_arguments(samples), **dict(self.params.get("kwargs", {})))
+        if not isinstance(values, list | tuple) or len(values) != len(samples):
+            raise CriterionError("a TRL reward function must return one value per completion")
+        return [self._outcome(value) for value in values]
 
 
 @register

@@ -42,3 +42,21 @@ def wrong_signature(text):
 
 def returns_nan(data_source, solution_str, ground_truth, extra_info=None):
     return float("nan")
+
+
+CALLS: list[int] = []
+
+
+def counting_reward(prompts, completions, **kwargs):
+    """Records the batch size of each call; 1.0 for completions containing 'ok'."""
+    CALLS.append(len(completions))
+    return [1.0 if "ok" in c else 0.0 for c in completions]
+
+
+def fails_in_batch(prompts, completions, **kwargs):
+    """Fails on any batch holding 'bad': the rubric must fall back to one at a time."""
+    if len(completions) > 1 and any("bad" in c for c in completions):
+        raise ValueError("cannot handle this batch")
+    if completions[0] == "bad":
+        raise ValueError("bad sample")
+    return [0.5 for _ in completions]

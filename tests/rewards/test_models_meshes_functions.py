@@ -297,3 +297,32 @@ def test_a_local_causal_lm_serves_as_a_judge_engine(tmp_path):
     spec = one_criterion("llm_judge", {"engine": "local", "rubric": "grade", "max_tokens": 4})
     result = Rubric.from_spec(spec, resources={"local": engine}).score(sample("x"))
     assert "error" not in result.details["c"]  # judged (a random model gives no score: 0)
+
+
+def test_score_batch_calls_a_trl_function_once_for_the_whole_batch():
+    reward_functions.CALLS.clear()
+    spec = one_criterion("python_function", {"function": f"{FUNCTIONS}:counting_reward"})
+    samples = [sample("ok"), sample("no", metadata={"extra": 1}), sample("ok!")]
+    results = Rubric.from_spec(spec).score_batch(samples)
+    assert [r.total for r in results] == [1.0, 0.0, 1.0]
+    assert reward_functions.CALLS == [3]
+    assert results[0].details["c"]["batched"] is True
+
+
+def test_a_batch_call_that_fails_falls_back_to_one_sample_at_a_time():
+    spec = one_criterion("python_function", {"function": f"{FUNCTIONS}:fails_in_batch"})
+    results = Rubric.from_spec(spec).score_batch([sample("fine"), sample("bad"), sample("x")])
+    assert [r.total for r in results] == [0.5, 0.0, 0.5]
+    assert "bad sample" in results[1].details["c"]["error"]
+
+
+@pytest.mark.slow
+def test_the_reward_model_scores_a_batch_as_it_scores_each_sample(tiny_reward_model):
+    directory, _, _ = tiny_reward_model
+    spec = one_criterion("reward_model", {"path": str(directory), "device": "cpu", "batch_size": 2})
+    rubric = Rubric.from_spec(spec)
+    samples = [sample("good answer"), sample("bad answer poorly done"), sample("the task")]
+    one_by_one = [rubric.score(s).total for s in samples]
+    batched = rubric.score_batch(samples)
+    assert [r.total for r in batched] == pytest.approx(one_by_one, abs=1e-5)
+    assert all(r.details["c"]["batched"] for r in batched)
