@@ -35,6 +35,18 @@ sandboxes code criteria run in (``memory_mb``, ``cpu``, ``pids``, ``timeout_s``,
 ``image``, ``driver``, ``allow_weaker``), how many run at once (``max_concurrency``, default the
 CPU count) and how many the pool keeps created ahead (``prewarm``, default 0).
 
+Kinds (``python -m rewards kinds``; each documents its params in `criterion_kinds()`):
+answers ``exact_match``, ``regex_match``, ``multiple_choice``, ``math_equivalence``;
+numbers and documents ``numeric_match``, ``labelled_values``, ``consistency``; structure
+``json_schema``, ``format_tags``; code, in a sandbox, ``unit_tests``, ``io_tests``,
+``compiles``, ``coverage``, ``static_analysis``, ``runtime_efficiency``; terminal tasks
+``check_script``; 3D ``mesh``; efficiency ``length_penalty``, ``brevity_bonus``; models
+``reward_model``, ``llm_judge``; user functions ``python_function`` (installed, trusted) and
+``sandboxed_function`` (typed by a user, sandboxed). `validate_spec` checks everything a
+spec says; what needs the running system (that a ``python_function`` imports, that an
+``llm_judge`` engine was handed in) is checked by `Rubric.from_spec`, which raises the same
+`RubricSpecError` with the same paths.
+
 Use::
 
     rubric = Rubric.from_spec(spec)                  # raises RubricSpecError(issues)
@@ -42,6 +54,8 @@ Use::
                                  ground_truth="42"))
     result.total, result.breakdown, result.details
     rubric.score_batch(samples, max_workers=8)       # bounded pool, input order kept
+
+    python -m rewards score --rubric rubric.yaml --samples samples.jsonl   # a table
 
 Many domains: ``RubricRouter.from_specs({"gsm8k": spec_a, "mbpp": spec_b})`` scores each
 sample with its domain's rubric (as verl routes by ``data_source``), input order kept.
