@@ -216,3 +216,40 @@ def test_a_user_in_no_team_is_told_so(db):
     client = Client()
     client.force_login(lonely)
     assert client.get("/accounts/tokens/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_demoting_each_other_at_once_leave_one_admin(people):
+    import threading
+
+    from django.core.exceptions import ValidationError
+    from django.db import connection
+
+    from console.accounts.services import membership_change_role
+
+    first = Membership.objects.get(user=people.teammate_admin)
+    second = Membership.objects.get(user=people.owner, team=people.team)
+    Membership.objects.filter(pk=second.pk).update(role=Role.ADMIN)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def demote(actor, membership):
+        try:
+            barrier.wait()
+            membership_change_role(actor=actor, membership=membership, role=Role.RESEARCHER)
+            outcomes.append("demoted")
+        except ValidationError:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=demote, args=(people.teammate_admin, second)),
+        threading.Thread(target=demote, args=(people.owner, first)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes) == ["demoted", "refused"]
+    assert Membership.objects.filter(team=people.team, role=Role.ADMIN).count() == 1
