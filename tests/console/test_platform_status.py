@@ -21,6 +21,7 @@ from django.db import transaction
 from console.asgi import application
 from console.broadcast import broadcast_on_commit, team_group
 from console.status.models import WorkerSighting
+from console.status.prober import prober
 from console.status.probes import ask_workers, collect_status
 from tests.console.factories import ANONYMOUS, EVERYONE, UserFactory
 
@@ -139,6 +140,8 @@ def test_a_logged_in_browser_receives_live_snapshots(client, settings):
         return first, second
 
     first, second = async_to_sync(scenario)()
+    # Nobody watches any more: the prober stopped probing.
+    assert prober.subscribers == 0 and prober._task is None
     assert first["event"] == "status.snapshot"
     assert 'data-part="Channel layer" data-up="true"' in first["html"]
     # A second round came by itself: the page is live, not a one-off.
