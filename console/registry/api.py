@@ -189,6 +189,11 @@ class UploadOut(Schema):
     domain: DomainOut
 
 
+class SplitIn(Schema):
+    held_out_fraction: float = Field(..., ge=0, le=1)
+    split_seed: int = 0
+
+
 class UploadParams(Schema):
     held_out_fraction: float = Field(0.1, ge=0, le=1)
     split_seed: int = 0
@@ -370,6 +375,21 @@ def domain_update(request: HttpRequest, domain_id: int, payload: DomainPatch) ->
         return 200, services.domain_update(actor=request.user, domain=domain, **changes)
     except (ValidationError, _Invalid) as error:
         return _invalid(error)
+
+
+@router.post(
+    "/domains/{domain_id}/split",
+    response=DomainOut,
+    summary="Re-draw the train/held-out split of the stored tasks",
+)
+def domain_resplit(request: HttpRequest, domain_id: int, payload: SplitIn) -> Any:
+    domain = _domain(request, domain_id, Role.RESEARCHER)
+    return services.domain_resplit(
+        actor=request.user,
+        domain=domain,
+        held_out_fraction=payload.held_out_fraction,
+        split_seed=payload.split_seed,
+    )
 
 
 @router.get("/domains/{domain_id}/tasks", response=list[TaskOut], summary="Tasks in file order")

@@ -63,6 +63,11 @@ class TaskUploadForm(forms.Form):
     )
 
 
+class ResplitForm(forms.Form):
+    held_out_fraction = forms.FloatField(min_value=0, max_value=1, label="Held-out fraction")
+    split_seed = forms.IntegerField(min_value=-(2**63), max_value=2**63 - 1, label="Seed")
+
+
 class RubricMetaForm(forms.Form):
     slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
     title = forms.CharField(max_length=200)

@@ -351,6 +351,8 @@ class Task(models.Model):
     ground_truth = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     split = models.CharField(max_length=16, choices=TaskSplit.choices, default=TaskSplit.TRAIN)
+    # The file named the split for this row; re-splitting the domain leaves such rows alone.
+    split_from_file = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["domain", "index"]

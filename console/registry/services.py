@@ -323,6 +323,7 @@ def _store_rows(
             "ground_truth",
             "metadata",
             "split",
+            "split_from_file",
         )
     )
     table = connection.ops.quote_name(Task._meta.db_table)
@@ -360,8 +361,56 @@ def _store_rows(
                     _json_text(row.ground_truth),
                     _json_text(row.metadata),
                     split,
+                    row.split is not None,
                 )
             )
+
+
+RESPLIT_COLUMNS = ("index", "split", "domain", "split_from_file")
+
+
+@transaction.atomic
+def domain_resplit(
+    *, actor: Any, domain: Domain, held_out_fraction: float, split_seed: int
+) -> Domain:
+    """Re-draw the train/held-out split of the stored tasks with a new fraction or seed, in one
+    UPDATE (PostgreSQL computes the same hash as the upload does). Rows whose split the file
+    named keep it."""
+    if not (0 <= held_out_fraction <= 1):
+        raise ValidationError({"held_out_fraction": "must be between 0 and 1"})
+    locked = Domain.objects.select_for_update().get(pk=domain.pk)
+    before = snapshot(locked)
+    quote = connection.ops.quote_name
+    column = {name: quote(Task._meta.get_field(name).column) for name in RESPLIT_COLUMNS}  # type: ignore[union-attr, arg-type]
+    split_hash = tasksets.split_hash_sql("%s", column["index"])
+    # Identifiers come from the model; every value is a query parameter.
+    sql = (
+        f"UPDATE {quote(Task._meta.db_table)} SET {column['split']} = "  # noqa: S608
+        f"CASE WHEN {split_hash} < %s THEN %s ELSE %s END "
+        f"WHERE {column['domain']} = %s AND NOT {column['split_from_file']}"
+    )
+    params: list[int | str] = [
+        split_seed,
+        tasksets.split_threshold(held_out_fraction),
+        str(TaskSplit.HELD_OUT.value),
+        str(TaskSplit.TRAIN.value),
+        int(locked.pk),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    locked.held_out_fraction = held_out_fraction
+    locked.split_seed = split_seed
+    locked.held_out_count = locked.tasks.filter(split=TaskSplit.HELD_OUT).count()
+    locked.save(update_fields=["held_out_fraction", "split_seed", "held_out_count", "updated_at"])
+    audit_record(
+        actor=actor,
+        team=locked.team,
+        action="domain.resplit",
+        target=locked,
+        before=before,
+        after=snapshot(locked),
+    )
+    return locked
 
 
 # --- versioned things: rubrics and sandbox images -----------------------------------------------

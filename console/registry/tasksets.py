@@ -72,15 +72,34 @@ class ReadSummary:
     errors: list[RowError] = field(default_factory=list)
 
 
+# The split hashes "<seed>:<index>" with MD5 and keeps the first 60 bits, because PostgreSQL
+# computes the same in SQL (`split_hash_sql`), so a domain can be re-split in one UPDATE.
+SPLIT_HASH_BITS = 60
+
+
+def split_threshold(fraction: float) -> int:
+    """Tasks whose hash is below this are held out (integer, so Python and SQL agree exactly)."""
+    return int(min(max(fraction, 0.0), 1.0) * 2**SPLIT_HASH_BITS)
+
+
+def split_hash(seed: int, index: int) -> int:
+    digest = hashlib.md5(f"{seed}:{index}".encode(), usedforsecurity=False).hexdigest()
+    return int(digest[: SPLIT_HASH_BITS // 4], 16)
+
+
+def split_hash_sql(seed_param: str, index_column: str) -> str:
+    """The same hash in PostgreSQL, for `seed_param` (a placeholder) and a column of indexes."""
+    digits = SPLIT_HASH_BITS // 4
+    return (
+        f"('x' || substr(md5({seed_param}::text || ':' || {index_column}::text), 1, {digits}))"
+        f"::bit({SPLIT_HASH_BITS})::bigint"
+    )
+
+
 def held_out(seed: int, index: int, fraction: float) -> bool:
-    """Whether task `index` is held out: a hash of (seed, index), so the split does not depend
-    on reading order or file length and the same seed always gives the same split."""
-    if fraction <= 0:
-        return False
-    if fraction >= 1:
-        return True
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64 < fraction
+    """Whether task `index` is held out: decided by a hash of (seed, index), so the split does
+    not depend on reading order or file length and the same seed always gives the same split."""
+    return split_hash(seed, index) < split_threshold(fraction)
 
 
 def _describe(error: msgspec.ValidationError) -> str:

@@ -10,6 +10,7 @@ urlpatterns = [
     path("domains/<int:pk>/", views.domain_detail, name="domain_detail"),
     path("domains/<int:pk>/edit/", views.domain_edit, name="domain_edit"),
     path("domains/<int:pk>/upload/", views.domain_upload, name="domain_upload"),
+    path("domains/<int:pk>/split/", views.domain_resplit, name="domain_resplit"),
     path("rubrics/", views.rubric_list, name="rubric_list"),
     path("rubrics/new/", views.rubric_create, name="rubric_create"),
     path("rubrics/<int:pk>/", views.rubric_detail, name="rubric_detail"),

@@ -213,6 +213,9 @@ def domain_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "upload_form": forms.TaskUploadForm(
             initial={"held_out_fraction": domain.held_out_fraction, "split_seed": domain.split_seed}
         ),
+        "resplit_form": forms.ResplitForm(
+            initial={"held_out_fraction": domain.held_out_fraction, "split_seed": domain.split_seed}
+        ),
     }
     if request.htmx:  # type: ignore[attr-defined]
         return render(request, "registry/domain_detail.html#tasks", context)
@@ -280,6 +283,26 @@ def _domain_upload(request: HttpRequest, domain: Domain, guard: SizeLimitHandler
         return redirect("registry:domain_detail", pk=domain.pk)
     context = {"domain": domain, "form": form, "result": result, "file_error": result.file_error}
     return render(request, "registry/domain_upload.html", context, status=422)
+
+
+@login_required
+@require_POST
+def domain_resplit(request: HttpRequest, pk: int) -> HttpResponse:
+    domain, _ = _domain_for(request, pk, Role.RESEARCHER)
+    form = forms.ResplitForm(request.POST)
+    if not form.is_valid():
+        problems = "; ".join(
+            f"{name}: {' '.join(str(error) for error in errors)}"
+            for name, errors in form.errors.items()
+        )
+        messages.error(request, f"Not re-split: {problems}")
+        return redirect("registry:domain_detail", pk=domain.pk)
+    domain = services.domain_resplit(actor=request.user, domain=domain, **form.cleaned_data)
+    messages.success(
+        request,
+        f"Re-split: {domain.train_count:,} train, {domain.held_out_count:,} held out.",
+    )
+    return redirect("registry:domain_detail", pk=domain.pk)
 
 
 # --- rubrics ------------------------------------------------------------------------------------

@@ -130,6 +130,12 @@ OBJECT_WRITES: dict[str, Write] = {
         jsonl(task_rows(4)),
         lambda r: Domain.objects.get(pk=r.domain.pk).task_count == 4,
     ),
+    "resplit domain": Write(
+        "POST",
+        lambda r: f"{API}/domains/{r.domain.pk}/split",
+        {"held_out_fraction": 1, "split_seed": 3},
+        lambda r: Domain.objects.get(pk=r.domain.pk).held_out_count == 30,
+    ),
     "update rubric": Write(
         "PATCH",
         lambda r: f"{API}/rubrics/{r.rubric.pk}",

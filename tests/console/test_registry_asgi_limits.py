@@ -3,10 +3,11 @@ it to disk, with a clear 413, and ordinary requests pass through untouched."""
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 
@@ -24,8 +25,14 @@ def http_scope(path: str, method: str = "POST", length: int | None = None) -> di
     }  # fmt: skip
 
 
-@async_to_sync
-async def exchange(app: Any, scope: dict[str, Any], chunks: list[bytes]) -> tuple[int, bytes]:
+def exchange(app: Any, scope: dict[str, Any], chunks: list[bytes]) -> tuple[int, bytes]:
+    # Its own thread and event loop: the browser tests' Playwright keeps a loop running in the
+    # main thread for the whole session, and they may run first.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _exchange(app, scope, chunks)).result(timeout=60)
+
+
+async def _exchange(app: Any, scope: dict[str, Any], chunks: list[bytes]) -> tuple[int, bytes]:
     communicator = ApplicationCommunicator(app, scope)
     for position, chunk in enumerate(chunks):
         more = position < len(chunks) - 1

@@ -178,6 +178,30 @@ def test_only_the_first_errors_are_listed_but_all_are_counted(people: Any) -> No
     assert result.more_errors == 300
 
 
+def test_resplitting_in_sql_gives_the_split_an_upload_would(people: Any) -> None:
+    from console.registry.tasksets import held_out
+
+    domain = make_domain(team=people.team, user=people.owner)
+    rows = task_rows(600)
+    rows[5]["split"] = "held_out"  # named by the file: stays whatever the new split says
+    rows[6]["split"] = "train"
+    upload(domain, people.owner, jsonl(rows), held_out_fraction=0.1, split_seed=1)
+    services.domain_resplit(actor=people.owner, domain=domain, held_out_fraction=0.3, split_seed=9)
+    stored = dict(Task.objects.filter(domain=domain).values_list("index", "split"))
+    expected = {i: "held_out" if held_out(9, i, 0.3) else "train" for i in range(600)}
+    expected[5], expected[6] = "held_out", "train"
+    assert stored == expected
+    domain.refresh_from_db()
+    assert (domain.held_out_fraction, domain.split_seed) == (0.3, 9)
+    assert domain.held_out_count == sum(1 for split in expected.values() if split == "held_out")
+    # A fresh upload with the same fraction and seed agrees row for row.
+    fresh = make_domain(team=people.team, user=people.owner, slug="fresh")
+    upload(fresh, people.owner, jsonl(rows), held_out_fraction=0.3, split_seed=9)
+    assert dict(Task.objects.filter(domain=fresh).values_list("index", "split")) == expected
+    entry = AuditEntry.objects.get(action="domain.resplit")
+    assert entry.before["held_out_fraction"] == 0.1 and entry.after["held_out_fraction"] == 0.3
+
+
 @pytest.mark.slow
 def test_a_100000_line_upload_streams_with_bounded_memory(people: Any, tmp_path: Any) -> None:
     domain = make_domain(team=people.team, user=people.owner)

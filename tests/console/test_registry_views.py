@@ -166,6 +166,11 @@ OBJECT_WRITES: dict[str, Write] = {
         data=_upload_data,
         changed=lambda r: Domain.objects.get(pk=r.domain.pk).task_count == 3,
     ),
+    "domain_resplit": Write(
+        url=lambda r: reverse("registry:domain_resplit", args=[r.domain.pk]),
+        data=lambda r: {"held_out_fraction": "1", "split_seed": "3"},
+        changed=lambda r: Domain.objects.get(pk=r.domain.pk).held_out_count == 30,
+    ),
     "rubric_edit": Write(
         url=lambda r: reverse("registry:rubric_edit", args=[r.rubric.pk]),
         data=lambda r: {"slug": "math-rubric", "title": "Renamed", "description": ""},
