@@ -275,7 +275,8 @@ def _domain_upload(request: HttpRequest, domain: Domain, guard: SizeLimitHandler
         keep_valid_rows=form.cleaned_data["keep_valid_rows"],
     )
     if result.stored:
-        kept = f"; {result.invalid:,} invalid rows skipped" if result.invalid else ""
+        rows = "row" if result.invalid == 1 else "rows"
+        kept = f"; {result.invalid:,} invalid {rows} skipped" if result.invalid else ""
         messages.success(
             request,
             f"Stored {result.valid:,} tasks ({result.held_out:,} held out){kept}.",

@@ -435,6 +435,7 @@ def test_an_upload_with_bad_rows_lists_them_by_line_and_stores_nothing(
     content = response.content.decode()
     assert response.status_code == 422
     assert "Nothing was stored" in content
+    assert "3 of 6 rows are invalid; 3 are valid." in content
     assert "<td>4</td><td>missing required field &#x27;ground_truth&#x27;</td>" in content
     assert "<td>5</td><td>broken JSON:" in content
     assert "<td>6</td><td>not valid UTF-8 (byte 0xe9 at position 1)" in content
@@ -448,7 +449,7 @@ def test_keeping_the_valid_rows_through_the_page(owner_client: Client, registry:
     response = upload(owner_client, registry.domain, data, keep_valid_rows="on")
     assert response.status_code == 302
     page = owner_client.get(response["Location"]).content.decode()
-    assert "Stored 3 tasks (0 held out); 1 invalid rows skipped." in page
+    assert "Stored 3 tasks (0 held out); 1 invalid row skipped." in page
 
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
