@@ -593,3 +593,17 @@ def test_a_version_page_shows_what_changed_since_the_previous_version(
     assert '<span class="add">+version: 1</span>' in content
     first = owner_client.get(reverse("registry:rubric_version", args=[registry.rubric.pk, 1]))
     assert "Changes from the previous version" not in first.content.decode()
+
+
+def test_the_django_admin_shows_the_registry_to_staff(registry: Registry) -> None:
+    from django.contrib.auth import get_user_model
+
+    staff = get_user_model().objects.create_superuser("staff", "staff@example.test", "x" * 12)
+    client = Client()
+    client.force_login(staff)
+    for name in ("domain", "rubric", "sandboximage", "rubricversion", "task"):
+        assert client.get(reverse(f"admin:registry_{name}_changelist")).status_code == 200, name
+    page = client.get(reverse("admin:registry_rubric_change", args=[registry.rubric.pk]))
+    assert page.status_code == 200 and "math-rubric v2" in page.content.decode()
+    # Versions cannot be added or edited there: drafts change only through validated paths.
+    assert client.get(reverse("admin:registry_rubricversion_add")).status_code == 403
