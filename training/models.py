@@ -114,6 +114,7 @@ def ensure_demo_model(
     target = Path(path) if path is not None else default_demo_dir(size)
     settings = _build_settings(size, seed)
     if not force and _is_built(target, settings):
+        _refresh_chat_template(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / f".{target.name}.lock"
@@ -123,6 +124,18 @@ def ensure_demo_model(
         if force or not _is_built(target, settings):
             build_demo_model(target, size=size, seed=seed, log=log)
     return target
+
+
+def _refresh_chat_template(target: Path) -> None:
+    """Keep the cached model's chat template in step with ``CHAT_TEMPLATE``.
+
+    The template is not learned, so a change to it should not cost a rebuild.
+    """
+    template = target / "chat_template.jinja"
+    if template.is_file() and template.read_text() != CHAT_TEMPLATE:
+        staging = template.with_name(f".{template.name}.new")
+        staging.write_text(CHAT_TEMPLATE)
+        staging.replace(template)
 
 
 def _is_built(target: Path, settings: dict[str, Any]) -> bool:

@@ -112,7 +112,7 @@ def test_chat_rendering_matches_the_tokenizer_chat_template(demo_model_dir):  # 
                     "type": "function",
                     "function": {
                         "name": "python",
-                        "arguments": json.dumps({"code": "print(12 * 34)"}),
+                        "arguments": {"code": "print(12 * 34)"},
                     },
                 }
             ],
@@ -122,7 +122,13 @@ def test_chat_rendering_matches_the_tokenizer_chat_template(demo_model_dir):  # 
     ours = render_chat(messages)
     theirs = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ours == theirs
-    assert ours.endswith("<|tool|>\n408<|end|>\n<|assistant|>\n")
+    assert ours.endswith(
+        "<tool>python\nprint(12 * 34)\n</tool><|end|>\n<|tool|>\n408<|end|>\n<|assistant|>\n"
+    )
+    # OpenAI's JSON-string arguments render the same through render_chat.
+    call = messages[1]["tool_calls"][0]["function"]
+    call["arguments"] = json.dumps(call["arguments"])
+    assert render_chat(messages) == ours
 
 
 def test_tool_calls_parse_in_order_and_prose_is_kept():

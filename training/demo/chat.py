@@ -45,14 +45,18 @@ SPECIAL_TOKENS = [PAD, END, *ROLE_TOKENS.values()]
 TOOL_NAMES = ("python", "shell")
 
 # The same format as a Jinja chat template, so `tokenizer.apply_chat_template` agrees with
-# `render_chat` for code that treats the demo model like any other Hugging Face model.
+# `render_chat` for code that treats the demo model like any other Hugging Face model. Jinja
+# cannot parse JSON, so tool-call arguments must be a dict there (transformers' convention);
+# a JSON string is rendered as it is.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\n' }}"
     "{% if message['content'] %}{{ message['content'] }}{% endif %}"
     "{% if message.get('tool_calls') %}{% for call in message['tool_calls'] %}"
-    "{{ '<tool>' + call['function']['name'] + '\n' + "
-    "(call['function']['arguments'] | fromjson)['code'] + '\n</tool>' }}"
+    "{% set arguments = call['function']['arguments'] %}"
+    "{{ '<tool>' + call['function']['name'] + '\n' }}"
+    "{% if arguments is mapping %}{{ arguments['code'] }}{% else %}{{ arguments }}{% endif %}"
+    "{{ '\n</tool>' }}"
     "{% endfor %}{% endif %}"
     "{{ '<|end|>\n' }}"
     "{% endfor %}"
@@ -90,7 +94,9 @@ def render_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bo
         content = message.get("content") or ""
         for call in message.get("tool_calls") or ():
             function = call["function"]
-            code = json.loads(function["arguments"])["code"]
+            arguments = function["arguments"]
+            # OpenAI sends arguments as a JSON string; transformers' templates take a dict.
+            code = (json.loads(arguments) if isinstance(arguments, str) else arguments)["code"]
             content += f"<tool>{function['name']}\n{code}\n</tool>"
         parts.append(render_turn(message["role"], content))
     if add_generation_prompt:

@@ -150,7 +150,7 @@ class HFEngine:
                 return tokens[: position + 1], logprobs[: position + 1], "stop"
             if sampling.stop:
                 text = self.tokenizer.decode(tokens[: position + 1], skip_special_tokens=True)
-                if any(text.endswith(s) or s in text for s in sampling.stop):
+                if any(stop in text for stop in sampling.stop):
                     return tokens[: position + 1], logprobs[: position + 1], "stop"
         return tokens, logprobs, "length"
 
