@@ -459,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=ForgettingConfig.lr)
     parser.add_argument("--ewc-strength", type=float, default=ForgettingConfig.ewc_strength)
     parser.add_argument("--seed", type=int, default=ForgettingConfig.seed)
+    parser.add_argument("--temperature", type=float, default=ForgettingConfig.temperature)
+    parser.add_argument("--eval-tasks", type=int, default=ForgettingConfig.eval_tasks)
     parser.add_argument("--quick", action="store_true", help="fewer evaluation tasks")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
@@ -475,7 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr=args.lr,
         ewc_strength=args.ewc_strength,
         seed=args.seed,
-        eval_tasks=16 if args.quick else ForgettingConfig.eval_tasks,
+        temperature=args.temperature,
+        eval_tasks=16 if args.quick else args.eval_tasks,
         fisher_tasks=8 if args.quick else ForgettingConfig.fisher_tasks,
     )
     results = run_experiment(model_dir, config)

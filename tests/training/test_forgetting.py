@@ -33,9 +33,11 @@ def demo_policy() -> Policy:
 
 def test_ewc_keeps_the_old_domains_parameters_nearer_the_checkpoint(demo_policy):
     config = ForgettingConfig(
-        steps=3,
-        prompts_per_step=4,
+        steps=2,
+        prompts_per_step=8,
         group_size=4,
+        # Hotter sampling breaks the JSON now and then: reward variance in most batches.
+        temperature=1.5,
         eval_tasks=4,
         fisher_tasks=8,
         ewc_strength=1000.0,
