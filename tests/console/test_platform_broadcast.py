@@ -1,0 +1,88 @@
+"""TeamGroupConsumer: the base every team-scoped live stream uses, over the real channel layer."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.auth import AuthMiddlewareStack
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.urls import path
+
+from console.broadcast import TeamGroupConsumer, broadcast_on_commit, team_group
+from tests.console.factories import ANONYMOUS, EVERYONE, READERS, TEAMMATE_ANNOTATOR
+
+
+class ThingsConsumer(TeamGroupConsumer):
+    topic = "things"
+
+
+class ResearchersOnlyConsumer(TeamGroupConsumer):
+    topic = "things"
+    min_role = "researcher"
+
+
+application = AuthMiddlewareStack(
+    URLRouter(
+        [
+            path("ws/things/<int:team_id>/", ThingsConsumer.as_asgi()),
+            path("ws/researchers/<int:team_id>/", ResearchersOnlyConsumer.as_asgi()),
+        ]
+    )
+)
+
+
+def headers_for(client) -> list[tuple[bytes, bytes]]:
+    cookie = client.cookies.get(settings.SESSION_COOKIE_NAME)
+    return (
+        [(b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie.value}".encode())] if cookie else []
+    )
+
+
+def connect_and_listen(url: str, headers, team_id: int):
+    async def scenario():
+        communicator = WebsocketCommunicator(application, url, headers=headers)
+        connected, code = await communicator.connect(timeout=10)
+        received = None
+        if connected:
+            await sync_to_async(broadcast_on_commit)(
+                team_group(team_id, "things"), "thing.changed", {"id": 3}
+            )
+            received = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return connected, code, received
+
+    return async_to_sync(scenario)()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("who", EVERYONE)
+def test_only_members_of_the_team_join_its_stream(who, client_as, people):
+    team_id = people.team.pk
+    connected, code, received = connect_and_listen(
+        f"/ws/things/{team_id}/", headers_for(client_as(who)), team_id
+    )
+    if who in READERS:
+        assert connected
+        assert received == {"event": "thing.changed", "id": 3}
+    else:
+        assert not connected
+        assert code == (4401 if who == ANONYMOUS else 4404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_team_that_does_not_exist_looks_like_another_teams(client_as, people):
+    connected, code, _ = connect_and_listen(
+        "/ws/things/999999/", headers_for(client_as("owner")), 999999
+    )
+    assert (connected, code) == (False, 4404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_for_researchers_refuses_an_annotator(client_as, people):
+    team_id = people.team.pk
+    connected, code, _ = connect_and_listen(
+        f"/ws/researchers/{team_id}/", headers_for(client_as(TEAMMATE_ANNOTATOR)), team_id
+    )
+    assert (connected, code) == (False, 4403)
