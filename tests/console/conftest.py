@@ -25,6 +25,10 @@ Typical role-matrix test:
         assert response.status_code == expected
 
 Passwords are hashed with MD5 here (fast); `factories.password_for(username)` gives them.
+
+Websocket tests (consumers built on `console.broadcast.TeamGroupConsumer`): see
+test_platform_broadcast.py — they need `transactional_db` (the consumer reads the session from
+another thread) and pass the client's session cookie to `WebsocketCommunicator`.
 """
 
 from __future__ import annotations
