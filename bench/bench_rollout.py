@@ -4,8 +4,11 @@
 
 On the ~25M-parameter demo model (``--size bench``; built and cached on first use). Each
 engine is started (start-up timed separately), warmed up on a few prompts, then timed on one
-batch of ``--prompts`` sampled completions (temperature 1, fixed seed). Throughput counts the
-tokens each engine really generated. The figure that compares across runs is the ratio.
+batch of ``--prompts`` sampled completions (temperature 1, fixed seed), twice: at a fixed
+length (EOS ignored, every sequence ``--new-tokens`` long) and as sampled (sequences end at
+EOS, as in RL; ``transformers`` keeps stepping a batch until its longest member ends, vLLM
+refills the batch). Throughput counts the tokens each engine really generated. The figure that
+compares across runs is the ratio.
 """
 
 from __future__ import annotations

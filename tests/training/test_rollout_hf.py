@@ -160,3 +160,11 @@ def test_sampling_config_refuses_bad_values():
 def test_make_engine_refuses_a_directory_without_a_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         make_engine(RolloutEngineConfig(), tmp_path)
+
+
+def test_ignore_eos_generates_exactly_max_new_tokens(engine, prompts):
+    [[output]] = engine.generate(
+        prompts[:1], SamplingConfig(temperature=0, max_new_tokens=20, ignore_eos=True)
+    )
+    assert len(output.token_ids) == len(output.logprobs) == 20
+    assert output.finish_reason == "length"

@@ -34,7 +34,8 @@ class EngineOptionError(ValueError):
 @dataclass(frozen=True)
 class SamplingConfig:
     """How to sample. ``seed`` makes sampling reproducible; ``stop`` ends a completion at any
-    of these strings (kept in the output, so the text and token ids agree)."""
+    of these strings (kept in the output, so the text and token ids agree). ``ignore_eos``
+    generates exactly ``max_new_tokens`` (benchmarks of fixed-length batches)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -42,6 +43,7 @@ class SamplingConfig:
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         problems = []

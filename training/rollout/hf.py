@@ -113,6 +113,8 @@ class HFEngine:
             )
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=tokenizer)
+        if sampling.ignore_eos:
+            kwargs["min_new_tokens"] = max_new
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
@@ -144,7 +146,7 @@ class HFEngine:
         self, tokens: list[int], logprobs: list[float], sampling: SamplingConfig
     ) -> tuple[list[int], list[float], Any]:
         """Trim a generated row after its end: EOS (kept, as vLLM keeps it) or a stop string."""
-        eos = self.tokenizer.eos_token_id
+        eos = None if sampling.ignore_eos else self.tokenizer.eos_token_id
         for position, token in enumerate(tokens):
             if token == eos:
                 return tokens[: position + 1], logprobs[: position + 1], "stop"

@@ -144,6 +144,7 @@ class VLLMEngine:
                 seed=None if sampling.seed is None else sampling.seed + index,
                 stop=list(sampling.stop) or None,
                 include_stop_str_in_output=True,
+                ignore_eos=sampling.ignore_eos,
                 logprobs=0,
                 skip_special_tokens=True,
             )
