@@ -54,6 +54,10 @@ from training.spec import DomainSpec, RunSpec
 __all__ = ["DomainMixSampler", "RunOutcome", "load_tasks", "mix_counts", "run"]
 
 
+# Estimators whose advantage is relative to the prompt's group: zero for a group with no spread.
+_GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "dapo", "rloo"})
+
+
 @dataclass
 class RunOutcome:
     status: str  # "completed" | "preempted" | "cancelled" | "failed"
@@ -630,6 +634,13 @@ class _Run:
             norm_by_std=algorithm.norm_by_std,
             epsilon=algorithm.epsilon,
         )
+        if algorithm.advantage_estimator in _GROUP_RELATIVE:
+            # A group whose rewards are all equal carries no signal; its (r - mean) / (std + eps)
+            # is float rounding divided by eps, which Adam would turn into full-size noise steps.
+            varied = filter_zero_variance_groups(
+                rewards, groups, response_mask=mask, tolerance=1e-6
+            )
+            advantages = advantages * varied.to(advantages.dtype).unsqueeze(-1)
         keep = [True] * len(samples)
         if algorithm.filter_zero_variance_groups:
             keep = filter_zero_variance_groups(rewards, groups, response_mask=mask).tolist()
