@@ -180,3 +180,43 @@ def test_ppo_trains_a_value_head_beside_the_policy(tiny_model_dir, tmp_path):
     assert "actor/reward_kl_penalty" in metrics  # PPO puts the KL in the reward
     saved = tmp_path / "ckpt" / "step_00000002" / "hf"
     assert (saved / "value_head").is_dir() and (saved / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_tool_use_episodes_run_in_sandboxes_and_land_in_trajectories(tmp_path):
+    from training.demo.domains import get_domain
+    from training.models import ensure_demo_model
+
+    tool_calc = get_domain("tool_calc")
+    spec = RunSpec.from_dict(
+        {
+            "name": "tools",
+            "base_model": str(ensure_demo_model()),
+            "max_steps": 1,
+            "lr": 1e-5,
+            "batch": {"prompts_per_step": 2, "group_size": 2},
+            "sampling": {"temperature": 0.7, "max_new_tokens": 32},
+            "tools": {"enabled": True, "max_turns": 3, "max_total_tokens": 256},
+            "domains": [
+                {
+                    "name": "tool_calc",
+                    "rubric_spec": tool_calc.rubric_spec,
+                    "tasks": tool_calc.make_tasks(4, seed=0),
+                    "sandbox_image": "host-python",
+                }
+            ],
+            "eval": {"at_start": False, "at_end": False},
+            "checkpoint": {"save_final": False, "resume": "none"},
+        }
+    )
+    sink = ListSink()
+    outcome = run(spec, sink, StaticControl())
+    assert outcome.status == "completed", outcome.error
+    assert len(sink.trajectory_items) == 4
+    with_tools = [t for t in sink.trajectory_items if t["observations"]]
+    assert with_tools, "the demo model was warmed up to call the python tool"
+    messages = with_tools[0]["messages"]
+    assert any(m.get("tool_calls") for m in messages if m["role"] == "assistant")
+    assert any(m["role"] == "tool" for m in messages)
+    assert "exit_code" in with_tools[0]["observations"][0]
+    assert sink.metrics_at(1)["timing_s/tools"] > 0
