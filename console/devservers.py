@@ -135,7 +135,16 @@ def start_postgres(data_dir: Path) -> RunningServer:
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     # cleanup_mode=None: we stop the server ourselves, by pid, whatever happens to this process.
-    server = pgserver.get_server(data_dir, cleanup_mode=None)
+    try:
+        server = pgserver.get_server(data_dir, cleanup_mode=None)
+    except subprocess.TimeoutExpired:
+        # pgserver gives `pg_ctl start` 10 s, which a loaded machine can exceed while the
+        # postmaster goes on starting: wait for it to be ready, then adopt it.
+        log("PostgreSQL is slow to start; waiting for it")
+        _wait_for_postmaster(data_dir)
+        # pgserver cached the handle that failed; a fresh one adopts the running server.
+        pgserver.PostgresServer._instances.pop(data_dir.resolve(), None)
+        server = pgserver.get_server(data_dir, cleanup_mode=None)
     info = server.get_postmaster_info()
     if info.socket_dir is None:
         raise ServiceError(f"PostgreSQL in {data_dir} is not listening on a Unix socket")
@@ -154,6 +163,21 @@ def start_postgres(data_dir: Path) -> RunningServer:
         url=f"postgresql://postgres@/{DATABASE_NAME}?host={socket_dir}",
         stop_signal=signal.SIGINT,
     )
+
+
+def _wait_for_postmaster(data_dir: Path) -> None:
+    from pgserver.utils import PostmasterInfo
+
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            info = PostmasterInfo.read_from_pgdata(data_dir)
+            if info is not None and info.is_running() and info.status == "ready":
+                return
+        time.sleep(0.2)
+    log_file = data_dir / "log"
+    tail = log_file.read_text()[-2000:] if log_file.exists() else ""
+    raise ServiceError(f"PostgreSQL in {data_dir} did not start in time:\n{tail}")
 
 
 def start_redis(data_dir: Path, *, persistent: bool) -> RunningServer:
@@ -375,6 +399,9 @@ def run_command(command: Sequence[str], *, var_dir: Path = DEFAULT_VAR_DIR) -> i
             return exit_status(returncode)
     except Interrupted as interruption:
         return 128 + interruption.signum
+    except ServiceError as error:
+        log(str(error))
+        return 1
     finally:
         services.stop()
 
