@@ -14,7 +14,9 @@ compares across runs is the ratio.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,34 +43,56 @@ def measure(engine_name: str, model_dir: Path, prompts: list[str], sampling: Sam
     return {"start_s": start_s, "gen_s": elapsed, "tokens": tokens, "tok_s": tokens / elapsed}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--size", default="bench")
-    parser.add_argument("--prompts", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    args = parser.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
+def child(args: argparse.Namespace) -> None:
+    """Measure one engine in this (fresh) process and print the figures as JSON."""
     model_dir = ensure_demo_model(size=args.size)
     domains = demo_domains()
     per_domain = -(-args.prompts // len(domains))
     tasks = [t for d in domains for t in d.make_tasks(per_domain, seed=0, split="test")]
     prompts = [t["prompt"] for t in tasks][: args.prompts]
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
-    load = os.getloadavg()[0]
-
-    hf = measure("hf", model_dir, prompts, sampling)
-    vllm = measure("vllm", model_dir, prompts, sampling)
-    print(
-        f"model {model_dir} ({args.size}); {len(prompts)} prompts × ≤{args.new_tokens} new tokens"
+    sampling = SamplingConfig(
+        temperature=1.0, max_new_tokens=args.new_tokens, seed=0, ignore_eos=args.ignore_eos
     )
+    print("RESULT " + json.dumps(measure(args.engine, model_dir, prompts, sampling)), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="bench")
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--engine", choices=("hf", "vllm"), help=argparse.SUPPRESS)
+    parser.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.engine:
+        child(args)
+        return
+
+    model_dir = ensure_demo_model(size=args.size)  # build (once) before anything is timed
+    load = os.getloadavg()[0]
+    print(f"model {model_dir} ({args.size}); {args.prompts} prompts, ≤{args.new_tokens} new tokens")
     print(f"load average before: {load:.1f} on {os.cpu_count()} cores")
-    for name, figures in (("transformers", hf), ("vLLM", vllm)):
-        print(
-            f"{name:>12}: {figures['tokens']:6d} tokens in {figures['gen_s']:6.2f} s = "
-            f"{figures['tok_s']:7.0f} tok/s (engine start {figures['start_s']:.1f} s)"
-        )
-    print(f"vLLM / transformers throughput: {vllm['tok_s'] / hf['tok_s']:.2f}×")
+    # Each engine in its own process: an in-process vLLM engine pins torch to one thread,
+    # which would handicap whatever ran after it in the same process.
+    for label, ignore_eos in (("fixed length (EOS ignored)", True), ("as sampled", False)):
+        figures = {}
+        for engine in ("hf", "vllm"):
+            command = [sys.executable, __file__, "--engine", engine, "--size", args.size]
+            command += ["--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens)]
+            command += ["--ignore-eos"] if ignore_eos else []
+            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            result = [line for line in output.splitlines() if line.startswith("RESULT ")][-1]
+            figures[engine] = json.loads(result.removeprefix("RESULT "))
+        print(f"-- {label}")
+        for name, engine in (("transformers", "hf"), ("vLLM", "vllm")):
+            f = figures[engine]
+            print(
+                f"{name:>12}: {f['tokens']:6d} tokens in {f['gen_s']:6.2f} s = "
+                f"{f['tok_s']:7.0f} tok/s (engine start {f['start_s']:.1f} s)"
+            )
+        ratio = figures["vllm"]["tok_s"] / figures["hf"]["tok_s"]
+        print(f"vLLM / transformers throughput: {ratio:.2f}×", flush=True)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,8 @@ SIZES: dict[str, DemoModelSize] = {
     ),
 }
 MAX_POSITIONS = 512
+# Held-out tasks per domain in the build record's quick check (not part of the recipe).
+EVAL_PER_DOMAIN = 16
 
 
 def default_demo_dir(size: str = "test") -> Path:
@@ -181,7 +183,7 @@ def _build(
     say(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     losses = _warm_up(model, tokenizer, sft, shape, seed, say)
     model.eval()
-    held_out = evaluate_exact(model, tokenizer, n_per_domain=16, seed=seed)
+    held_out = evaluate_exact(model, tokenizer, n_per_domain=EVAL_PER_DOMAIN, seed=seed)
     record = {
         "settings": settings,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -287,7 +289,7 @@ def _fresh_model(tokenizer: Any, shape: DemoModelSize, seed: int) -> Any:
         eos_token_id=tokenizer.eos_token_id,
         # The tokenizer adds no BOS; point it at END so nothing expects a token we lack.
         bos_token_id=tokenizer.eos_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     return LlamaForCausalLM(config)
 

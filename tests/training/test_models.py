@@ -29,6 +29,7 @@ TINY = models.DemoModelSize(
 @pytest.fixture
 def tiny_size(monkeypatch):
     monkeypatch.setitem(models.SIZES, "tiny", TINY)
+    monkeypatch.setattr(models, "EVAL_PER_DOMAIN", 1)
     return "tiny"
 
 

@@ -55,9 +55,10 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(
+        self.model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=_TORCH_DTYPES[config.dtype]
-        ).to(self.device)
+        )
+        self.model.to(self.device)
         self.model.eval()
         self.max_model_len = config.max_model_len or int(
             getattr(self.model.config, "max_position_embeddings", 2048)
@@ -133,7 +134,7 @@ class HFEngine:
                 RolloutOutput(
                     prompt=prompt,
                     prompt_token_ids=encoded[row],
-                    text=tokenizer.decode(token_ids, skip_special_tokens=True),
+                    text=str(tokenizer.decode(token_ids, skip_special_tokens=True)),
                     token_ids=token_ids,
                     logprobs=logprobs,
                     finish_reason=finish,

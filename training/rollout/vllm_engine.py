@@ -73,6 +73,13 @@ def _refusals_on_cpu(config: RolloutEngineConfig) -> list[str]:
     return refused
 
 
+def _chosen_logprobs(steps: Any, token_ids: list[int]) -> list[float]:
+    """The sampled token's log-probability at each step (requested with ``logprobs=0``)."""
+    if steps is None or len(steps) != len(token_ids):
+        raise RuntimeError("vLLM returned no per-token log-probabilities for a completion")
+    return [float(step[token].logprob) for step, token in zip(steps, token_ids, strict=True)]
+
+
 class VLLMEngine:
     """A ``vllm.LLM`` serving rollouts; see the module docstring."""
 
@@ -120,7 +127,7 @@ class VLLMEngine:
         if config.weight_sync == "nccl":
             kwargs["weight_transfer_config"] = {"backend": "nccl"}
         kwargs.update(config.extra)
-        self.llm = LLM(**kwargs)
+        self.llm: Any = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.policy_version = 0
         self._sender: NCCLWeightSender | None = None
@@ -157,10 +164,7 @@ class VLLMEngine:
             samples = []
             for completion in request.outputs:
                 token_ids = list(completion.token_ids)
-                logprobs = [
-                    float(step[token].logprob)
-                    for step, token in zip(completion.logprobs or [], token_ids, strict=True)
-                ]
+                logprobs = _chosen_logprobs(completion.logprobs, token_ids)
                 samples.append(
                     RolloutOutput(
                         prompt=prompt,
