@@ -9,11 +9,13 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from console.registry.asgi_limits import RequestBodyLimit  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Refuse an oversized body before Django spools it to disk (a 2 GB task set).
+        "http": RequestBodyLimit(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

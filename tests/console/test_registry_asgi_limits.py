@@ -93,3 +93,13 @@ def test_ordinary_requests_reach_django_unchanged() -> None:
     app = RequestBodyLimit(get_asgi_application(), max_bytes=1000)
     status, body = exchange(app, http_scope("/accounts/login/", method="GET", length=0), [b""])
     assert status == 200 and b"Log in" in body
+
+
+@pytest.mark.django_db
+def test_the_served_application_refuses_a_2_gb_task_set_before_django_reads_it() -> None:
+    from console.asgi import application
+
+    status, body = exchange(
+        application, http_scope("/api/registry/domains/1/tasks", length=2 * 1024**3), [b""]
+    )
+    assert status == 413 and b"nothing was stored" in body
