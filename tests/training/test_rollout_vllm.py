@@ -23,10 +23,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 @pytest.fixture(scope="module")
 def vllm_engine(demo_model_dir):  # noqa: F811
+    threads_before = torch.get_num_threads()
     engine = make_engine(
         RolloutEngineConfig(engine="vllm", max_model_len=256, enable_prefix_caching=True),
         demo_model_dir,
     )
+    engine.threads_before = threads_before
     yield engine
     engine.close()
 
@@ -59,6 +61,10 @@ def test_greedy_output_matches_transformers_token_for_token(vllm_engine, hf_engi
         assert mine[0].prompt_token_ids == theirs[0].prompt_token_ids
         assert mine[0].finish_reason == theirs[0].finish_reason
         assert mine[0].logprobs == pytest.approx(theirs[0].logprobs, abs=2e-3)
+
+
+def test_starting_the_engine_leaves_torch_threads_to_the_trainer(vllm_engine):
+    assert torch.get_num_threads() == vllm_engine.threads_before
 
 
 def test_sampling_returns_n_seeded_samples_per_prompt(vllm_engine, prompts):

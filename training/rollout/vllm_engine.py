@@ -127,7 +127,12 @@ class VLLMEngine:
         if config.weight_sync == "nccl":
             kwargs["weight_transfer_config"] = {"backend": "nccl"}
         kwargs.update(config.extra)
+        threads = torch.get_num_threads()
         self.llm: Any = LLM(**kwargs)
+        if self.on_cpu and torch.get_num_threads() != threads:
+            # vLLM's CPU worker drops torch to one thread "for serving"; in process, that would
+            # also slow the trainer that shares this process, so give the threads back.
+            torch.set_num_threads(threads)
         self.tokenizer = self.llm.get_tokenizer()
         self.policy_version = 0
         self._sender: NCCLWeightSender | None = None
