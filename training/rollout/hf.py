@@ -55,11 +55,10 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model: Any = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=_TORCH_DTYPES[config.dtype]
         )
-        self.model.to(self.device)
-        self.model.eval()
+        self.model: Any = model.to(torch.device(self.device)).eval()
         self.max_model_len = config.max_model_len or int(
             getattr(self.model.config, "max_position_embeddings", 2048)
         )
