@@ -108,6 +108,17 @@ class Step:
 
 
 @dataclass
+class TokenSequence:
+    """An episode's tokens for training: see :meth:`Trajectory.token_sequence`."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    logprobs: list[float]
+    consistent: bool
+
+
+@dataclass
 class Trajectory:
     task_id: str
     domain: str
@@ -129,6 +140,42 @@ class Trajectory:
             if message["role"] == "assistant":
                 return str(message.get("content") or "")
         return ""
+
+    def token_sequence(self) -> TokenSequence:
+        """The whole episode as one sequence for the trainer, tool turns masked out.
+
+        ``prompt_ids`` is the first turn's prompt; ``response_ids`` runs from there to the end
+        of the last assistant turn, with ``response_mask`` 1 on tokens the policy sampled (their
+        ``logprobs`` are the engine's) and 0 on tokens the environment inserted (the end of a
+        tool-calling turn, the tool turns, the assistant cue; their logprobs are 0). Each turn's
+        prompt is the previous turn's prompt and output plus those inserted tokens — checked
+        here, since a tokenizer could merge across the boundary; when it does not hold the
+        result says so (``consistent=False``) and holds the turns concatenated instead.
+        """
+        if not self.steps:
+            return TokenSequence([], [], [], [], True)
+        first = self.steps[0].output
+        response: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        consistent = True
+        context = list(first.prompt_token_ids)
+        for index, step in enumerate(self.steps):
+            output = step.output
+            if index > 0:
+                prompt = list(output.prompt_token_ids)
+                if prompt[: len(context)] != context:
+                    consistent = False
+                inserted = prompt[len(context) :] if consistent else []
+                response += inserted
+                mask += [0] * len(inserted)
+                logprobs += [0.0] * len(inserted)
+                context = prompt if consistent else context
+            response += output.token_ids
+            mask += [1] * len(output.token_ids)
+            logprobs += output.logprobs
+            context = context + list(output.token_ids)
+        return TokenSequence(list(first.prompt_token_ids), response, mask, logprobs, consistent)
 
     @property
     def policy_versions(self) -> list[int]:

@@ -96,6 +96,8 @@ def test_a_tool_call_runs_in_the_sandbox_and_its_output_comes_back(pool):
     assert trajectory.policy_versions == [5]
     assert trajectory.sandbox_image is None  # the bare bwrap base, no image
     json.dumps(trajectory.to_dict())  # a sink can store it as is
+    # The scripted policy's token ids do not line up turn to turn, and the sequence says so.
+    assert not trajectory.token_sequence().consistent
 
 
 def test_files_persist_across_turns_and_errors_are_observed(pool):
@@ -184,3 +186,29 @@ def test_the_demo_model_calls_the_python_tool_and_answers(demo_model_dir, pool):
         if product:
             assert observation.stdout == f"{int(product[1]) * int(product[2])}\n"
         assert trajectory.steps[-1].output.policy_version == 0
+
+
+def test_a_multi_turn_episode_is_one_token_sequence_with_tool_turns_masked(
+    demo_model_dir,  # noqa: F811
+    pool,
+):
+    engine = HFEngine(demo_model_dir)
+    tasks = get_domain("tool_calc").make_tasks(2, seed=1, split="test")
+    trajectories = run_episodes(
+        engine, tasks, SamplingConfig(temperature=0), AgentConfig(sandbox=FAST.sandbox), pool
+    )
+    for trajectory in trajectories:
+        assert len(trajectory.steps) >= 2, trajectory.messages  # called the tool, then answered
+        sequence = trajectory.token_sequence()
+        assert sequence.consistent
+        last = trajectory.steps[-1].output
+        assert sequence.prompt_ids + sequence.response_ids == last.prompt_token_ids + last.token_ids
+        assert len(sequence.response_mask) == len(sequence.response_ids) == len(sequence.logprobs)
+        sampled = [
+            t for t, m in zip(sequence.response_ids, sequence.response_mask, strict=True) if m
+        ]
+        assert sampled == [t for step in trajectory.steps for t in step.output.token_ids]
+        inserted = engine.tokenizer.decode(
+            [t for t, m in zip(sequence.response_ids, sequence.response_mask, strict=True) if not m]
+        )
+        assert "<|tool|>" in inserted and trajectory.messages[2]["content"] in inserted
