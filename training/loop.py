@@ -802,10 +802,14 @@ class _Run:
         self.engine.close()
 
 
-def _parameter_digest(module: torch.nn.Module) -> str:
+def _parameter_digest(weights: torch.nn.Module | Any) -> str:
     """A cheap fingerprint of the weights (per-tensor float64 sums, hashed): data-parallel
-    ranks must end every step with identical weights, and this shows whether they did."""
-    sums = [float(p.detach().double().sum()) for p in module.parameters()]
+    ranks must end every step with identical weights, and this shows whether they did.
+    Takes a module or ``(name, tensor)`` pairs (`Trainer.named_tensors`, full even under
+    ZeRO-3)."""
+    if isinstance(weights, torch.nn.Module):
+        weights = weights.state_dict().items()
+    sums = [float(t.detach().double().sum()) for _, t in sorted(weights, key=lambda nt: nt[0])]
     return hashlib.sha256(np.asarray(sums, dtype=np.float64).tobytes()).hexdigest()[:16]
 
 
@@ -872,7 +876,7 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
             ):
                 state.evaluate()
             path = state.save("final") if spec.checkpoint.save_final else state.last_checkpoint
-            digests = _gather([_parameter_digest(state.trainer.module)], state.world)
+            digests = _gather([_parameter_digest(state.trainer.named_tensors())], state.world)
             state.sink.event(
                 "run.completed",
                 {

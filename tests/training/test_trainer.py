@@ -69,15 +69,17 @@ def test_many_small_micro_batches_give_the_same_update_as_one(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_zero_stages_0_1_2_make_the_same_update(tiny_model_dir):
+def test_zero_stages_0_to_3_make_the_same_update(tiny_model_dir):
     updated = {}
-    for stage in (0, 1, 2):
+    for stage in (0, 1, 2, 3):
         trainer = make_trainer(tiny_model_dir, stage=stage)
         trainer.train_step(rows_for(trainer.tokenizer), AlgorithmConfig.preset("grpo"))
-        updated[stage] = parameters(trainer)
-    for stage in (1, 2):
+        updated[stage] = dict(trainer.named_tensors())  # gathered in full under ZeRO-3
+    # one Adam step moves weights by ~lr = 1e-2; ZeRO-3's reduce-scatter sums in another
+    # order, which shows up around 1e-6: a wrong update would be four orders larger
+    for stage in (1, 2, 3):
         for name, tensor in updated[0].items():
-            torch.testing.assert_close(updated[stage][name], tensor, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(updated[stage][name], tensor, rtol=1e-4, atol=1e-5)
 
 
 def test_the_run_owns_batch_size_and_accumulation_keys():
