@@ -13,6 +13,9 @@ Layout under the run's checkpoint directory (one sub-directory per checkpoint)::
 
 A checkpoint without ``COMPLETE`` (the job died while writing) is never resumed from, so a
 crash during a save falls back to the previous checkpoint instead of loading half a state.
+Across several hosts the checkpoint directory must be on a filesystem every rank sees (rank 0
+writes ``run_state.json``; each rank its own RNG file and DeepSpeed shards), as DeepSpeed's own
+checkpoints assume.
 """
 
 from __future__ import annotations
