@@ -35,7 +35,8 @@ def test_ewc_keeps_the_old_domains_parameters_nearer_the_checkpoint(demo_policy)
     config = ForgettingConfig(
         domains=("arithmetic", "json_format"),
         steps=2,
-        prompts_per_step=4,
+        lr=2e-4,
+        prompts_per_step=8,
         group_size=4,
         # Hotter sampling breaks the JSON now and then: reward variance in most batches.
         temperature=1.5,
