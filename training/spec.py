@@ -219,7 +219,9 @@ class KLSpec:
 
 @dataclass(frozen=True)
 class EWCSpec:
-    """Elastic weight consolidation: ``strength * sum F (theta - anchor)^2``.
+    """Elastic weight consolidation: ``strength / 2 * sum F (theta - anchor)^2`` (as
+    `training.ewc.EWCPenalty` computes it; Fisher and anchor files may be ``torch.save`` or
+    ``.safetensors``).
 
     ``fisher_path``/``anchor_path`` are ``torch.save``d ``{name: tensor}`` files (from
     `training.ewc.estimate_fisher` at an earlier checkpoint); strength 0 disables it.

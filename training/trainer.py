@@ -281,7 +281,8 @@ class Trainer:
             batch = collate(rows, indices, self.pad_id, self.device)
             logits, values = self._forward(self.module, batch)
             logprobs = token_logprobs_from_logits(logits, batch.response_ids)
-            entropy = entropy_from_logits(logits.detach())
+            # The entropy bonus needs its gradient; when it is off, detach to save the graph.
+            entropy = entropy_from_logits(logits if algorithm.entropy_coef > 0 else logits.detach())
             old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
             ref = None
             if ref_logprobs is not None and not batch.is_empty:

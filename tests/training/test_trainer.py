@@ -90,3 +90,19 @@ def test_the_run_owns_batch_size_and_accumulation_keys():
     assert config["optimizer"]["params"]["lr"] == 1e-4
     assert config["managed_gradient_accumulation"] is False
     assert config["gradient_accumulation_steps"] == 1
+
+
+def test_an_entropy_bonus_alone_moves_the_policy_and_raises_its_entropy(tiny_model_dir):
+    # Zero advantages: the two runs differ only by the bonus, so any difference is its own
+    # doing (it was once computed on detached logits and did nothing).
+    entropies = {}
+    for coef in (0.0, 1.0):
+        trainer = make_trainer(tiny_model_dir, lr=1e-3)
+        rows = [
+            TrainRow(r.prompt_ids, r.response_ids, [0.0] * len(r.response_ids))
+            for r in rows_for(trainer.tokenizer)
+        ]
+        algorithm = AlgorithmConfig.preset("grpo", entropy_coef=coef)
+        trainer.train_step(rows, algorithm)
+        entropies[coef] = trainer.train_step(rows, algorithm)["actor/entropy"]
+    assert entropies[1.0] > entropies[0.0]
