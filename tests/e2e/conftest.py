@@ -60,7 +60,9 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's loop must stop once the browser tests are done, or
+# every later test that calls asyncio.run() (sandbox pools, channel layers) finds a running loop.
+@pytest.fixture(scope="package")
 def _allow_orm_beside_playwright() -> Iterator[None]:
     # Playwright's sync API keeps an event loop in this thread from the browser's start to the
     # end of the session; Django would then refuse the (sync) ORM calls of fixtures and tests
@@ -152,7 +154,7 @@ def live_server_url(_asgi_server: str, transactional_db: None) -> str:
     return _asgi_server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(_allow_orm_beside_playwright: None) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 

@@ -23,6 +23,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 @pytest.fixture(scope="module")
 def vllm_engine(demo_model_dir):  # noqa: F811
+    # The rewards library's mesh criterion loads trimesh, whose placeholders for missing
+    # optional packages raise on any attribute access; vLLM's start scans every module's
+    # attributes. Load it first, as a run that scores meshes would, so the engine must cope.
+    import trimesh.boolean  # noqa: F401
+
     threads_before = torch.get_num_threads()
     engine = make_engine(
         RolloutEngineConfig(engine="vllm", max_model_len=256, enable_prefix_caching=True),

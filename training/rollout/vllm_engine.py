@@ -18,9 +18,11 @@ KV blocks computed with the old weights must not be reused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +130,8 @@ class VLLMEngine:
             kwargs["weight_transfer_config"] = {"backend": "nccl"}
         kwargs.update(config.extra)
         threads = torch.get_num_threads()
-        self.llm: Any = LLM(**kwargs)
+        with _placeholders_hidden_from_vllm():
+            self.llm: Any = LLM(**kwargs)
         if self.on_cpu and torch.get_num_threads() != threads:
             # vLLM's CPU worker drops torch to one thread "for serving"; in process, that would
             # also slow the trainer that shares this process, so give the threads back.
@@ -214,3 +217,32 @@ class VLLMEngine:
             if callable(shutdown):
                 shutdown()
             self.llm = None
+
+
+@contextlib.contextmanager
+def _placeholders_hidden_from_vllm() -> Iterator[None]:
+    """While an in-process engine starts, hide module attributes that raise on any access.
+
+    vLLM's CPU worker rebinds Triton kernels by scanning every attribute of every loaded module
+    with ``hasattr(value, "__dict__")``. Some libraries leave placeholders for optional
+    dependencies that raise ImportError on any attribute access (trimesh, loaded by the rewards
+    library's mesh criterion, does this for scipy and manifold3d), and that aborts the engine's
+    start. They are set to None for the start and put back right after.
+    """
+    hidden: list[tuple[Any, str, Any]] = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:
+                hidden.append((module, attr, value))
+    for module, attr, _ in hidden:
+        setattr(module, attr, None)
+    try:
+        yield
+    finally:
+        for module, attr, value in hidden:
+            setattr(module, attr, value)
