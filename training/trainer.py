@@ -79,6 +79,12 @@ def init_distributed() -> tuple[int, int]:
             )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        # DeepSpeed caches a clone of the world group; if an earlier world was torn down in this
+        # process (an in-process vLLM engine destroys the default group when it closes), that
+        # clone is stale and the next engine fails with "Group ... is not registered".
+        from deepspeed.utils import groups
+
+        groups._WORLD_GROUP = None
     return dist.get_rank(), dist.get_world_size()
 
 
