@@ -18,7 +18,8 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# Loose on purpose: Django's handler and Channels' routers each type scope/receive/send differently.
+ASGIApp = Callable[..., Awaitable[None]]
 
 ENVELOPE_BYTES = 64 * 1024
 
