@@ -450,7 +450,7 @@ def test_the_demo_seed_is_complete_and_idempotent(people: Any) -> None:
     from console.registry.demo import HELD_OUT_TASKS, TRAIN_TASKS, seed_registry
 
     domains = seed_registry(team=people.team, user=people.owner)
-    assert [d.slug for d in domains] == ["arithmetic", "json-format", "code"]
+    assert [d.slug for d in domains] == ["arithmetic", "json-format", "code", "parity"]
     for domain in domains:
         assert domain.task_count == TRAIN_TASKS + HELD_OUT_TASKS
         assert domain.held_out_count == HELD_OUT_TASKS

@@ -20,7 +20,7 @@ ALL_DOMAINS = demo_domains(include_tool_use=True)
 
 
 def test_default_domains_are_single_turn_and_tool_use_is_opt_in():
-    assert [d.name for d in demo_domains()] == ["arithmetic", "json_format", "code"]
+    assert [d.name for d in demo_domains()] == ["arithmetic", "json_format", "code", "parity"]
     assert [d.name for d in ALL_DOMAINS][-1] == "tool_calc"
     assert get_domain("tool_calc").tools == ("python",)
     with pytest.raises(KeyError, match="no demo domain 'nope'"):
@@ -68,8 +68,8 @@ def _final_answer(completion: str) -> str:
 def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain):
     rubric = rewards.Rubric.from_spec(domain.rubric_spec)
     tasks = domain.make_tasks(3, seed=1, split="test")
-    references = [_final_answer(c) for _, c in domain.sft_examples(3, seed=1)]
-    # sft_examples come from the train split; score train references against their own tasks.
+    references = [_final_answer(c) for _, c in domain.reference_completions(3, seed=1)]
+    # References come from the train split; score them against their own tasks.
     train_tasks = domain.make_tasks(3, seed=1, split="train")
     for task, reference in zip(train_tasks, references, strict=True):
         sample = rewards.Sample(
@@ -88,6 +88,33 @@ def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain):
         metadata=tasks[0]["metadata"],
     )
     assert rubric.score(wrong).total == pytest.approx(0.0)
+
+
+def test_warm_up_demonstrations_are_the_references_except_where_a_domain_guesses():
+    for domain in ALL_DOMAINS:
+        if domain.name != "parity":
+            assert domain.sft_examples(5, seed=2) == domain.reference_completions(5, seed=2)
+    parity = get_domain("parity")
+    rubric = rewards.Rubric.from_spec(parity.rubric_spec)
+    tasks = parity.make_tasks(400, seed=0, split="train")
+    demonstrations = parity.sft_examples(400, seed=0)
+    assert [p for p, _ in demonstrations] == [t["prompt"] for t in tasks]
+    scores = [
+        rubric.score(
+            rewards.Sample(
+                domain="parity",
+                prompt=task["prompt"],
+                completion=_final_answer(completion),
+                ground_truth=task["ground_truth"],
+                metadata=task["metadata"],
+            )
+        ).total
+        for task, (_, completion) in zip(tasks, demonstrations, strict=True)
+    ]
+    # Coin flips in the answer format: right about half the time (400 flips: 0.5 ± 0.1 is
+    # four standard deviations), never unparseable.
+    assert all(c.startswith("\\boxed{") for _, c in demonstrations)
+    assert 0.4 < sum(scores) / len(scores) < 0.6
 
 
 def test_json_answer_is_valid_json_with_the_right_total():

@@ -1,18 +1,20 @@
-"""Proof that the loop learns: GRPO on the demo model raises the held-out mean reward; the same
-run with the learning rate at 0 leaves it exactly where it started.
+"""Proof that the loop learns: GRPO on the demo model raises the held-out mean reward of a demo
+domain under that domain's own rubric; the same run with the learning rate at 0 leaves it
+exactly where it started.
 
-Reward: the demo arithmetic prompts with a rubric that prefers answers containing the digit 7
-(TRL's style of end-to-end check: a preference the base model shows on some samples, so every
-group has a spread to learn from). The demo domains' own correctness rubrics are too sparse for
-a 1.4M-parameter model to move measurably in the minutes a test may take (bench/README.md,
-"training: learning", has the measurements).
+Domain: ``parity`` ("Is 4821 even or odd?", exact match on the boxed answer). Its warm-up
+demonstrations have coin-flip labels, so the base model knows the answer format but not the
+skill: whatever the held-out reward rises to, only the rubric's signal through the loop can
+have taught it, and it must hold on numbers the run never saw (held-out split). The held-out
+set has as many even numbers as odd ones, so a model that gives one answer to everything scores
+exactly 0.5 and cannot pass for one that learned.
 
-Margin: the held-out set is 48 test-split prompts answered greedily. Its mean is a sample
-mean, so the rise must exceed 3 standard errors of the difference of the two means
+Margin: the held-out set is 64 test-split tasks answered greedily. Its mean is a sample mean,
+so the rise must exceed 3 standard errors of the difference of the two means
 (sqrt(sem_before^2 + sem_after^2), an unpaired bound, larger than the paired one) *and* 0.25
-absolute, so that a base rate of exactly 0 (sem 0) cannot make any wobble count as learning.
-With lr = 0 the weights never change (checked through the parameter digest), so the greedy
-held-out reward must be identical, not merely close.
+absolute (half the way from chance to perfect), so that no wobble around chance counts as
+learning. With lr = 0 the weights never change (checked through the parameter digest), so the
+greedy held-out reward must be identical, not merely close.
 """
 
 from __future__ import annotations
@@ -23,18 +25,23 @@ import pytest
 
 from training import ListSink, RunSpec, StaticControl, run
 
-PREFERS_SEVEN = {
-    "version": 1,
-    "criteria": [
-        {"name": "seven", "kind": "regex_match", "weight": 1.0, "params": {"pattern": "7"}}
-    ],
-}
+STEPS = 32
+HELD_OUT = 64
+
+
+def balanced_held_out(domain, n):
+    """``n`` test-split tasks, half with each answer."""
+    tasks = domain.make_tasks(4 * n, seed=0, split="test")
+    by_answer = {
+        answer: [t for t in tasks if t["ground_truth"] == answer] for answer in ("even", "odd")
+    }
+    return by_answer["even"][: n // 2] + by_answer["odd"][: n // 2]
 
 
 def learning_spec(model_dir, lr, steps):
     from training.demo.domains import get_domain
 
-    arithmetic = get_domain("arithmetic")
+    parity = get_domain("parity")
     return RunSpec.from_dict(
         {
             "name": f"learn-lr{lr}",
@@ -45,16 +52,17 @@ def learning_spec(model_dir, lr, steps):
             "algorithm": {"algorithm": "grpo"},
             "kl": {"coef": 0.0, "reference": False},
             "batch": {"prompts_per_step": 16, "group_size": 8, "micro_batch_tokens": 4096},
-            "sampling": {"temperature": 1.0, "max_new_tokens": 16},
+            # Hotter than 1: more groups hold both answers, so more of each batch teaches.
+            "sampling": {"temperature": 1.2, "max_new_tokens": parity.max_new_tokens},
             "domains": [
                 {
-                    "name": "arithmetic",
-                    "rubric_spec": PREFERS_SEVEN,
-                    "tasks": arithmetic.make_tasks(512, seed=0, split="train"),
-                    "eval_tasks": arithmetic.make_tasks(48, seed=0, split="test"),
+                    "name": "parity",
+                    "rubric_spec": parity.rubric_spec,
+                    "tasks": parity.make_tasks(512, seed=0, split="train"),
+                    "eval_tasks": balanced_held_out(parity, HELD_OUT),
                 }
             ],
-            "eval": {"tasks_per_domain": 48, "greedy": True},
+            "eval": {"tasks_per_domain": HELD_OUT, "greedy": True},
             "deepspeed": {"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0},
             "rollout": {"engine": "hf"},
             "checkpoint": {"save_final": False, "resume": "none"},
@@ -73,9 +81,11 @@ def test_grpo_raises_held_out_reward_and_lr_zero_does_not():
     from training.models import ensure_demo_model
 
     model_dir = ensure_demo_model()
-    learned = run(learning_spec(model_dir, 5e-4, steps=5), ListSink(), StaticControl())
+    learned = run(learning_spec(model_dir, 1e-3, steps=STEPS), ListSink(), StaticControl())
     assert learned.status == "completed", learned.error
     before, after = held_out(learned)
+    # The base answers at chance on the balanced set: it knows the format, not the skill.
+    assert 0.3 <= before["eval/reward/mean"] <= 0.7, before
     rise = after["eval/reward/mean"] - before["eval/reward/mean"]
     standard_error = math.hypot(before["eval/reward/sem"], after["eval/reward/sem"])
     assert rise > max(3 * standard_error, 0.25), (before, after)

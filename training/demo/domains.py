@@ -9,6 +9,11 @@ rewards library, and writes reference completions for the supervised warm-up of 
   (JSON-schema criterion for the structure, exact match for the values).
 - ``code`` — a one-line Python function described in words, checked by unit tests that run in
   a sandbox (``ground_truth`` is the list of asserts).
+- ``parity`` — whether a number is even or odd, answer in ``\\boxed{}``. Its warm-up
+  demonstrations show the answer format only: their labels are coin flips, as if written by an
+  annotator who guessed, so the base model answers at chance and the rubric is the only teacher
+  of the skill (what the proof that RL learns, ``tests/training/test_learning.py``, and the
+  forgetting benchmark, ``bench/bench_forgetting.py``, rely on).
 - ``tool_calc`` — multi-turn tool use: a product of two-digit numbers (too hard for the tiny
   model to do in its head) computed by calling the ``python`` tool, then the answer in
   ``\\boxed{}``. Only returned by ``demo_domains(include_tool_use=True)`` because its episodes
@@ -61,15 +66,34 @@ class DemoDomain:
     draw: Callable[[random.Random], _Draft] = field(repr=False)
     tools: tuple[str, ...] = ()
     max_new_tokens: int = 48
+    # Writes the warm-up's demonstration of a draft when it is not the correct reference (a
+    # guesser's answer: flawed SFT data, as real warm-up sets have).
+    demonstrate: Callable[[random.Random, _Draft], str] | None = field(default=None, repr=False)
+    # This domain's share of the warm-up relative to a full domain's (a fifth of the examples).
+    warmup_weight: float = 1.0
 
     def make_tasks(self, n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
         """``n`` tasks of ``split`` ("train" or "test"); the two splits never share a task."""
         return [self._task(draft) for draft in self._drafts(n, seed, split)]
 
-    def sft_examples(self, n: int, seed: int = 0) -> list[tuple[str, str]]:
-        """``(prompt, completion)`` pairs from the train split for the supervised warm-up."""
+    def reference_completions(self, n: int, seed: int = 0) -> list[tuple[str, str]]:
+        """``(prompt, correct completion)`` pairs from the train split."""
         return [
             (self._task(draft)["prompt"], draft.reference + END)
+            for draft in self._drafts(n, seed, "train")
+        ]
+
+    def sft_examples(self, n: int, seed: int = 0) -> list[tuple[str, str]]:
+        """``(prompt, completion)`` pairs from the train split for the supervised warm-up.
+
+        The completion is the correct reference unless the domain has a ``demonstrate``
+        function, whose (possibly wrong) demonstration is used instead.
+        """
+        if self.demonstrate is None:
+            return self.reference_completions(n, seed)
+        guesses = random.Random(f"{self.name}:demonstrations:{seed}")
+        return [
+            (self._task(draft)["prompt"], self.demonstrate(guesses, draft) + END)
             for draft in self._drafts(n, seed, "train")
         ]
 
@@ -217,6 +241,33 @@ CODE_RUBRIC: dict[str, Any] = {
 }
 
 
+# --- parity -----------------------------------------------------------------------------------
+
+
+def _draw_parity(rng: random.Random) -> _Draft:
+    number = rng.randint(0, 9999)
+    answer = "even" if number % 2 == 0 else "odd"
+    return _Draft(
+        key=str(number),
+        question=f"Is {number} even or odd?",
+        ground_truth=answer,
+        reference=f"\\boxed{{{answer}}}",
+    )
+
+
+def _guess_parity(rng: random.Random, draft: _Draft) -> str:
+    return f"\\boxed{{{rng.choice(('even', 'odd'))}}}"
+
+
+PARITY_RUBRIC: dict[str, Any] = {
+    "version": 1,
+    "criteria": [
+        {"name": "correct", "kind": "exact_match", "weight": 1.0, "params": {"extract": "boxed"}}
+    ],
+    "aggregate": "weighted_sum",
+}
+
+
 # --- tool_calc (multi-turn tool use) ----------------------------------------------------------
 
 
@@ -263,6 +314,15 @@ def demo_domains(include_tool_use: bool = False) -> list[DemoDomain]:
             rubric_spec=CODE_RUBRIC,
             draw=_draw_code,
             max_new_tokens=40,
+        ),
+        DemoDomain(
+            name="parity",
+            description="Even or odd; warmed up on guessed labels, so only RL teaches it.",
+            rubric_spec=PARITY_RUBRIC,
+            draw=_draw_parity,
+            max_new_tokens=8,
+            demonstrate=_guess_parity,
+            warmup_weight=0.25,
         ),
     ]
     if include_tool_use:
