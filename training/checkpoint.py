@@ -106,9 +106,9 @@ def save_checkpoint(
     torch.save(capture_rng_state(), path / f"rng_rank{rank}.pt")
     if rank == 0:
         (path / "run_state.json").write_text(json.dumps(run_state, indent=1, sort_keys=True))
-        if trainer.zero_stage < 3:
-            trainer.module.save_pretrained(path / "hf", safe_serialization=True)
-            trainer.tokenizer.save_pretrained(path / "hf")
+    # The Hugging Face copy is what a later run (or vLLM) starts from; under ZeRO-3 writing it
+    # gathers the partitions, so every rank takes part.
+    trainer.save_pretrained(path / "hf", writer=rank == 0)
     _barrier()
     if rank == 0:
         (path / COMPLETE_MARKER).write_text(json.dumps({"step": step}) + "\n")

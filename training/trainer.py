@@ -177,19 +177,30 @@ class Trainer:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
 
+    def _full_parameters(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside it every parameter is whole on every rank: under ZeRO-3 a collective call
+        (all ranks gather the partitions), elsewhere nothing to do."""
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
+
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of the policy under its Hugging Face name (tied ones included), full
         size even under ZeRO-3, for the rollout engine's weight sync."""
-        params = list(self.module.parameters())
-        gather: Any = contextlib.nullcontext()
-        if self.zero_stage == 3:
-            import deepspeed
-
-            gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
         lm: Any = self.module.lm if self.has_value_head else self.module
-        with gather:
+        with self._full_parameters():
             state = {k: v.detach().clone() for k, v in lm.state_dict().items()}
         yield from state.items()
+
+    def save_pretrained(self, path: str | Path, *, writer: bool) -> None:
+        """The policy (and its value head) and tokenizer as a Hugging Face directory, whole
+        even under ZeRO-3. Every rank must call it; only the ``writer`` writes."""
+        with self._full_parameters():
+            if writer:
+                self.module.save_pretrained(str(path), safe_serialization=True)
+                self.tokenizer.save_pretrained(str(path))
 
     # ------------------------------------------------------------------ forward passes
 

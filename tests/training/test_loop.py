@@ -220,3 +220,38 @@ def test_tool_use_episodes_run_in_sandboxes_and_land_in_trajectories(tmp_path):
     assert any(m["role"] == "tool" for m in messages)
     assert "exit_code" in with_tools[0]["observations"][0]
     assert sink.metrics_at(1)["timing_s/tools"] > 0
+
+
+@pytest.mark.slow
+def test_zero3_with_cpu_offload_and_bf16_trains_checkpoints_whole_weights_and_resumes(
+    tiny_model_dir, tmp_path
+):
+    from transformers import AutoModelForCausalLM
+
+    deepspeed_config = {
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu"},
+            "offload_param": {"device": "cpu"},
+        },
+        "bf16": {"enabled": True},
+        "gradient_clipping": 1.0,
+    }
+    spec = tiny_spec(tiny_model_dir, tmp_path, max_steps=2, deepspeed=deepspeed_config)
+    first = run(RunSpec.from_dict(spec), ListSink(), StaticControl())
+    assert first.status == "completed" and first.step == 2, first.error
+
+    # The Hugging Face copy is whole (ZeRO-3 partitions would save empty tensors) and trained.
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    trained = AutoModelForCausalLM.from_pretrained(f"{first.checkpoint}/hf")
+    base_params, trained_params = dict(base.named_parameters()), dict(trained.named_parameters())
+    assert base_params.keys() == trained_params.keys()
+    for name, tensor in base_params.items():
+        assert trained_params[name].shape == tensor.shape, name
+    assert any(not trained_params[n].float().equal(t.float()) for n, t in base_params.items())
+
+    resumed_sink = ListSink()
+    resumed = run(RunSpec.from_dict({**spec, "max_steps": 3}), resumed_sink, StaticControl())
+    assert resumed.status == "completed" and resumed.step == 3, resumed.error
+    assert "run.resumed" in resumed_sink.event_kinds()
+    assert resumed_sink.metrics_at(3)["actor/grad_norm"] > 0
