@@ -64,8 +64,11 @@ def test_many_small_micro_batches_give_the_same_update_as_one(tiny_model_dir):
     assert many["perf/micro_batches"] > one["perf/micro_batches"] == 1
     assert many["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], rel=1e-4, abs=1e-6)
     assert many["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-4)
+    # Adam's first step is lr * g / (|g| + eps): where a gradient is as small as eps (a token
+    # barely in the batch) the micro-batches' summation order moves it by up to ~1e-4 of the
+    # weight; a wrong update would be of the order of lr = 1e-2.
     for name, tensor in params_one.items():
-        torch.testing.assert_close(params_many[name], tensor, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(params_many[name], tensor, rtol=1e-4, atol=2e-4)
 
 
 @pytest.mark.slow
