@@ -197,9 +197,11 @@ class Trainer:
     def save_pretrained(self, path: str | Path, *, writer: bool) -> None:
         """The policy (and its value head) and tokenizer as a Hugging Face directory, whole
         even under ZeRO-3. Every rank must call it; only the ``writer`` writes."""
+        # A transformers model or our value-head wrapper: both have save_pretrained.
+        module: Any = self.module
         with self._full_parameters():
             if writer:
-                self.module.save_pretrained(str(path), safe_serialization=True)
+                module.save_pretrained(str(path), safe_serialization=True)
                 self.tokenizer.save_pretrained(str(path))
 
     # ------------------------------------------------------------------ forward passes
