@@ -738,6 +738,7 @@ class _Run:
         metrics["perf/rollout_tokens_per_s"] = response_tokens / max(
             timings["timing_s/rollout"], 1e-9
         )
+        metrics["perf/cpu_threads"] = float(torch.get_num_threads())
         metrics["policy_version"] = float(self.step)
         metrics["kl_coef"] = float(self.kl_coef)
         metrics["sampling/temperature"] = float(self.temperature)
@@ -831,7 +832,13 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
     queued = sink if isinstance(sink, QueueingSink) else QueueingSink(sink, close_inner=False)
     state: _Run | None = None
     outcome: RunOutcome
+    threads_before = torch.get_num_threads()
     try:
+        if spec.cpu_threads:
+            # Several jobs on one CPU host: more threads than the job's share of the cores make
+            # OpenMP spin-wait against the others (a demo-model step measured 11 s at 2 threads
+            # beside another process, 0.8 s at 1).
+            torch.set_num_threads(spec.cpu_threads)
         state = _Run(spec, queued, control)
         state.maybe_resume()
         state.sink.event(
@@ -900,6 +907,7 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
         if state is not None:
             with contextlib.suppress(Exception):
                 state.close()
+        torch.set_num_threads(threads_before)
     if queued is not sink:
         try:
             queued.close()

@@ -30,7 +30,8 @@ Sections (all optional except ``base_model`` and ``domains``)::
       "checkpoint": {"dir": "var/runs/x/ckpt", "every_steps": 10, "keep_last": 2,
                      "resume": "latest" | "none" | "<path>"},
       "ewc": {"strength": 0.0, "fisher_path": null, "anchor_path": null},
-      "output_dir": "var/runs/arith-grpo"
+      "output_dir": "var/runs/arith-grpo",
+      "cpu_threads": 0                      # torch CPU threads (0: torch's default)
     }
 
 Task sources: ``{"kind": "demo", "domain": "arithmetic", "n": 256, "seed": 0, "split":
@@ -287,6 +288,9 @@ class RunSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     ewc: EWCSpec = field(default_factory=EWCSpec)
     output_dir: str | None = None
+    # torch's CPU threads for the run (0: torch's default, every core). A job sharing a CPU
+    # host with others should take its share, or OpenMP threads spin against each other.
+    cpu_threads: int = 0
 
     # ---------------------------------------------------------------- derived views
 
@@ -382,6 +386,7 @@ class RunSpec:
         rollout = _rollout(check, check.section(data, "rollout", "rollout"))
         domains = _domains(check, data.get("domains"))
         output_dir = check.text(data, "output_dir", "output_dir", None)
+        cpu_threads = check.integer(data, "cpu_threads", "cpu_threads", 0, low=0)
 
         if check.errors:
             raise SpecError(check.errors)
@@ -403,6 +408,7 @@ class RunSpec:
             checkpoint=checkpoint,
             ewc=ewc,
             output_dir=output_dir,
+            cpu_threads=cpu_threads,
         )
 
 

@@ -255,3 +255,17 @@ def test_zero3_with_cpu_offload_and_bf16_trains_checkpoints_whole_weights_and_re
     assert resumed.status == "completed" and resumed.step == 3, resumed.error
     assert "run.resumed" in resumed_sink.event_kinds()
     assert resumed_sink.metrics_at(3)["actor/grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_cpu_threads_hold_for_the_run_and_are_given_back(tiny_model_dir, tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2  # a value that differs from the process's own
+    sink = ListSink()
+    spec = RunSpec.from_dict(tiny_spec(tiny_model_dir, tmp_path, max_steps=1, cpu_threads=wanted))
+    outcome = run(spec, sink, StaticControl())
+    assert outcome.status == "completed", outcome.error
+    assert sink.metrics_at(1)["perf/cpu_threads"] == wanted
+    assert torch.get_num_threads() == before

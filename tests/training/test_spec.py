@@ -40,6 +40,7 @@ def test_to_dict_then_from_dict_gives_the_same_spec():
             kl={"coef": 0.01},
             deepspeed={"zero_optimization": {"stage": 2}},
             checkpoint={"dir": "/tmp/x", "every_steps": 3},
+            cpu_threads=1,
         )
     )
     data = spec.to_dict()
@@ -56,6 +57,7 @@ def test_every_bad_field_is_named_in_one_error():
         sampling={"top_p": 2},
         deepspeed={"zero_optimization": {"stage": 7}, "train_batch_size": 8},
         checkpoint={"keep_last": 0, "typo": 1},
+        cpu_threads=-1,
         surprise=True,
     )
     bad["domains"].append({"name": "arithmetic", "weight": -2, "rubric_spec": {"criteria": []}})
@@ -72,6 +74,7 @@ def test_every_bad_field_is_named_in_one_error():
         "deepspeed.train_batch_size",
         "checkpoint.keep_last",
         "checkpoint.typo",
+        "cpu_threads",
         "surprise",
         "domains[1].name",
         "domains[1].weight",
