@@ -36,7 +36,7 @@ import json
 import math
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -295,11 +295,6 @@ class _Run:
             ewc_penalty=ewc_penalty,
             value_head=spec.algorithm.needs_value_head,
         )
-        if spec.algorithm.needs_value_head and spec.tools.enabled:
-            raise ValueError(
-                "PPO (gae) with multi-turn tool episodes is not supported: "
-                "use a group estimator (grpo, rloo, ...) for tool-use domains"
-            )
         self.rank, self.world = self.trainer.rank, self.trainer.world_size
         self.sink: Sink = sink if self.rank == 0 else NullSink()
         self.engine = make_engine(spec.rollout_engine_config(), self.model_dir)
@@ -618,10 +613,7 @@ class _Run:
         values = None
         if self.trainer.has_value_head:
             values = torch.zeros_like(mask)
-            probe = [
-                TrainRow(s.prompt_ids, s.response_ids, [0.0] * len(s.response_ids)) for s in samples
-            ]
-            for i, row_values in enumerate(self.trainer.values(probe)):
+            for i, row_values in enumerate(_per_sample_tokens(samples, self.trainer.values)):
                 values[i, : len(row_values)] = torch.tensor(row_values)
         advantages, returns = compute_advantages(
             algorithm.advantage_estimator,
@@ -649,11 +641,18 @@ class _Run:
             if not keep[i] or not s.response_ids:
                 continue
             adv = advantages[i, : len(s.response_ids)].tolist()
-            if s.turns:  # one row per assistant turn, sharing the episode's advantage
+            if s.turns:
+                # One row per assistant turn. The advantages (and PPO's value targets) were
+                # computed over the episode's assistant tokens in order, so a turn's slice carries
+                # the credit of everything after it, observations included in its context.
                 offset = 0
                 for prompt_ids, response_ids, _ in s.turns:
                     n = len(response_ids)
-                    rows.append(TrainRow(prompt_ids, response_ids, adv[offset : offset + n]))
+                    row = TrainRow(prompt_ids, response_ids, adv[offset : offset + n])
+                    if values is not None:
+                        row.returns = returns[i, offset : offset + n].tolist()
+                        row.old_values = values[i, offset : offset + n].tolist()
+                    rows.append(row)
                     offset += n
             else:
                 row = TrainRow(s.prompt_ids, s.response_ids, adv, s.logprobs)
@@ -690,16 +689,12 @@ class _Run:
         timings["timing_s/reward"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        plain = [s for s in samples if not s.turns]
-        ref_rows = [
-            TrainRow(s.prompt_ids, s.response_ids, [0.0] * len(s.response_ids)) for s in plain
-        ]
         reference = self.trainer.reference_model is not None
-        ref_plain = self.trainer.logprobs(ref_rows, reference=True) if reference else None
         ref_for_samples: list[list[float]] | None = None
-        if ref_plain is not None:
-            lookup = {id(s): ref_plain[i] for i, s in enumerate(plain)}
-            ref_for_samples = [lookup.get(id(s), [0.0] * len(s.response_ids)) for s in samples]
+        if reference:
+            ref_for_samples = _per_sample_tokens(
+                samples, lambda rows: self.trainer.logprobs(rows, reference=True)
+            )
         rows, adv_metrics = self.training_rows(samples, ref_for_samples)
         algorithm = spec.algorithm_config(kl_coef=self.kl_coef)
         row_ref = self.trainer.logprobs(rows, reference=True) if reference and rows else None
@@ -801,6 +796,25 @@ class _Run:
         for rubric in self.rubrics.values():
             rubric.close()
         self.engine.close()
+
+
+def _per_sample_tokens(
+    samples: Sequence[_Sampled], score: Callable[[list[TrainRow]], list[list[float]]]
+) -> list[list[float]]:
+    """A per-token quantity (reference log-probabilities, value estimates) for each sample's
+    response tokens. A multi-turn episode is scored turn by turn, each assistant turn in its own
+    context (the conversation so far, tool observations included), and the turns are joined in
+    the order of ``response_ids``."""
+    rows: list[TrainRow] = []
+    spans: list[tuple[int, int]] = []
+    for s in samples:
+        start = len(rows)
+        pieces = s.turns or [(s.prompt_ids, s.response_ids, s.logprobs)]
+        for prompt_ids, response_ids, _ in pieces:
+            rows.append(TrainRow(prompt_ids, response_ids, [0.0] * len(response_ids)))
+        spans.append((start, len(rows)))
+    scored = score(rows)
+    return [[x for piece in scored[a:b] for x in piece] for a, b in spans]
 
 
 def _parameter_digest(weights: torch.nn.Module | Any) -> str:

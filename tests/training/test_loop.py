@@ -182,32 +182,40 @@ def test_ppo_trains_a_value_head_beside_the_policy(tiny_model_dir, tmp_path):
     assert (saved / "value_head").is_dir() and (saved / "config.json").is_file()
 
 
-@pytest.mark.slow
-def test_tool_use_episodes_run_in_sandboxes_and_land_in_trajectories(tmp_path):
+def tool_calc_spec(tasks: int, **fields):
+    """A run on the demo model and the tool_calc domain, its tools run in host-python sandboxes."""
     from training.demo.domains import get_domain
     from training.models import ensure_demo_model
 
     tool_calc = get_domain("tool_calc")
-    spec = RunSpec.from_dict(
+    return RunSpec.from_dict(
         {
-            "name": "tools",
             "base_model": str(ensure_demo_model()),
-            "max_steps": 1,
             "lr": 1e-5,
             "batch": {"prompts_per_step": 2, "group_size": 2},
-            "sampling": {"temperature": 0.7, "max_new_tokens": 32},
             "tools": {"enabled": True, "max_turns": 3, "max_total_tokens": 256},
             "domains": [
                 {
                     "name": "tool_calc",
                     "rubric_spec": tool_calc.rubric_spec,
-                    "tasks": tool_calc.make_tasks(4, seed=0),
+                    "tasks": tool_calc.make_tasks(tasks, seed=0),
                     "sandbox_image": "host-python",
                 }
             ],
             "eval": {"at_start": False, "at_end": False},
-            "checkpoint": {"save_final": False, "resume": "none"},
+            **fields,
         }
+    )
+
+
+@pytest.mark.slow
+def test_tool_use_episodes_run_in_sandboxes_and_land_in_trajectories(tmp_path):
+    spec = tool_calc_spec(
+        4,
+        name="tools",
+        max_steps=1,
+        sampling={"temperature": 0.7, "max_new_tokens": 32},
+        checkpoint={"save_final": False, "resume": "none"},
     )
     sink = ListSink()
     outcome = run(spec, sink, StaticControl())
@@ -220,6 +228,64 @@ def test_tool_use_episodes_run_in_sandboxes_and_land_in_trajectories(tmp_path):
     assert any(m["role"] == "tool" for m in messages)
     assert "exit_code" in with_tools[0]["observations"][0]
     assert sink.metrics_at(1)["timing_s/tools"] > 0
+
+
+def test_multi_turn_episodes_are_scored_turn_by_turn_in_their_own_context():
+    from training.loop import _per_sample_tokens, _Sampled
+
+    def sample(prompt, response, turns=None):
+        return _Sampled(
+            domain="d",
+            group=0,
+            task={"prompt": "p"},
+            prompt_ids=prompt,
+            response_ids=response,
+            logprobs=[0.0] * len(response),
+            text="",
+            finish_reason="stop",
+            policy_version=0,
+            turns=turns,
+        )
+
+    plain = sample([1, 2], [3, 4, 5])
+    # two assistant turns; the second's context holds the first turn and a tool observation
+    episode = sample(
+        [1], [7, 8, 9], turns=[([1], [7, 8], [0.0, 0.0]), ([1, 7, 8, 40, 41], [9], [0.0])]
+    )
+    seen = []
+
+    def context_length_plus_position(rows):
+        seen.extend((r.prompt_ids, r.response_ids) for r in rows)
+        return [[float(len(r.prompt_ids) + j) for j in range(len(r.response_ids))] for r in rows]
+
+    scored = _per_sample_tokens([plain, episode], context_length_plus_position)
+    assert scored == [[2.0, 3.0, 4.0], [1.0, 2.0, 5.0]]
+    assert ([1, 7, 8, 40, 41], [9]) in seen  # the observation tokens are in the context
+
+
+@pytest.mark.slow
+def test_ppo_with_kl_in_reward_trains_on_tool_use_episodes(tmp_path):
+    """PPO's value head and the reference policy see each assistant turn in its own context
+    (tool observations included). At the first step the policy is the reference, so the
+    in-reward KL is near zero (measured 1e-9); when turns were scored against nothing
+    (log-prob 0) it read 1.57."""
+    spec = tool_calc_spec(
+        8,
+        name="tools-ppo",
+        max_steps=2,
+        algorithm={"algorithm": "ppo"},
+        kl={"coef": 0.05, "estimator": "k3"},
+        sampling={"temperature": 1.0, "max_new_tokens": 32},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "save_final": False, "resume": "none"},
+    )
+    sink = ListSink()
+    outcome = run(spec, sink, StaticControl())
+    assert outcome.status == "completed", outcome.error
+    assert any(len(t["observations"]) > 0 for t in sink.trajectory_items)
+    first = sink.metrics_at(1)
+    assert first["critic/vf_loss"] > 0 and "critic/vpred_mean" in first
+    assert 0 <= first["actor/reward_kl_penalty"] < 0.05
+    assert math.isfinite(sink.metrics_at(2)["actor/pg_loss"])
 
 
 @pytest.mark.slow
