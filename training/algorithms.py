@@ -592,8 +592,10 @@ def aggregate_loss(
     - ``seq-mean-token-sum-norm``: Dr.GRPO's constant normaliser: sum over all tokens /
       (number of sequences x ``constant_normalizer``), like TRL's ``dr_grpo`` loss. Set the
       constant to the generation budget (``max_new_tokens``) so it never changes between
-      steps; it defaults to the padded width, which does change. (verl divides by the width
-      only, without the sequence count: a scale factor, the gradient direction is the same.)
+      steps (``RunSpec.algorithm_config`` does); it defaults to this tensor's padded width,
+      and the trainer passes the mini-batch's longest response rather than a micro-batch's.
+      (verl divides by the width only, without the sequence count: a scale factor, the
+      gradient direction is the same.)
 
     Sequences with an empty response are not counted. ``global_tokens`` /
     ``global_sequences`` replace this tensor's counts with the mini-batch's (see the module
@@ -1068,7 +1070,8 @@ def actor_loss(
 
     ``kl_coef`` overrides the config's (the live override from ``Control``). ``entropy`` is the
     per-token entropy of the current policy (``entropy_from_logits``); it is always reported as
-    ``actor/entropy`` when given, and enters the loss only if ``entropy_coef > 0``. KL metrics:
+    ``actor/entropy`` (its token mean) when given, and enters the loss (aggregated like the
+    policy loss) only if ``entropy_coef > 0``. KL metrics:
     ``actor/kl_loss`` (the aggregated estimate) and ``actor/kl`` (mean per-token k1, the
     plain log-ratio to the reference).
     """
@@ -1104,7 +1107,13 @@ def actor_loss(
         raise ValueError("KL in the loss needs ref_logprobs (kl_coef > 0, kl_in_reward false)")
     if entropy is not None:
         entropy_term = aggregate_loss(entropy, response_mask, config.loss_aggregation, **agg)
-        metrics["actor/entropy"] = float(entropy_term.detach())
+        # Reported per token whatever the loss aggregation: under the sum-based modes the
+        # aggregated term is a sum over tokens (or a sum over a constant), not an entropy.
+        metrics["actor/entropy"] = float(
+            aggregate_loss(
+                entropy.detach(), response_mask, "token-mean", global_tokens=global_tokens
+            )
+        )
         if config.entropy_coef > 0:
             loss = loss - config.entropy_coef * entropy_term
     elif config.entropy_coef > 0:

@@ -714,6 +714,15 @@ class _Run:
                 for key, value in result.items():
                     train_metrics.setdefault(key, []).append(value)
         timings["timing_s/train"] = time.perf_counter() - t
+        if all(train_metrics.get("train/skipped", [1.0])):
+            self.sink.event(
+                "train.skipped",
+                {
+                    "step": self.step + 1,
+                    "reason": "no training rows: every group was dropped (equal rewards) "
+                    "or nothing was generated",
+                },
+            )
 
         self.step += 1
         timings["timing_s/weight_sync"] = self.sync_weights()

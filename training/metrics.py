@@ -102,6 +102,7 @@ def sample_metrics(records: Iterable[SampleRecord]) -> dict[str, float]:
         for criterion in criteria:
             scores = [r.breakdown[criterion] for r in items if criterion in r.breakdown]
             out[f"reward/{domain}/{criterion}/mean"] = _mean(scores)
+            out[f"reward/{domain}/{criterion}/std"] = _std(scores)
     flat = [max(v) - min(v) <= 0.0 for v in groups.values()]
     out["frac_reward_zero_std"] = _mean([float(f) for f in flat]) if flat else float("nan")
     out["perf/num_tokens"] = float(sum(r.response_length + r.prompt_length for r in records))

@@ -310,7 +310,24 @@ class RunSpec:
             data["kl_estimator"] = self.kl.estimator
         if self.kl.in_reward is not None:
             data["kl_in_reward"] = self.kl.in_reward
+        if data["loss_aggregation"] == "seq-mean-token-sum-norm" and (
+            data.get("constant_normalizer") is None
+        ):
+            # Dr.GRPO divides by a constant (TRL: max_completion_length). Left unset, the loss
+            # would fall back to each micro-batch's padded width, which differs between
+            # micro-batches and brings back the length bias the variant exists to remove.
+            data["constant_normalizer"] = float(self.generation_budget)
         return AlgorithmConfig.from_dict(data)
+
+    @property
+    def generation_budget(self) -> int:
+        """The most response tokens one sample can have: the longest per-turn budget, or the
+        episode's total budget when tools are on."""
+        longest = max(
+            [self.sampling.max_new_tokens]
+            + [d.max_new_tokens for d in self.domains if d.max_new_tokens is not None]
+        )
+        return max(longest, self.tools.max_total_tokens) if self.tools.enabled else longest
 
     @property
     def kl_coef(self) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import socket
@@ -280,16 +281,34 @@ class Trainer:
         counts = torch.tensor(
             [
                 float(len(groups)),
+                float(max((len(r.response_ids) for r in rows), default=0)),
                 float(sum(len(r.response_ids) for r in rows)),
                 float(sum(1 for r in rows if r.response_ids)),
             ]
         )
-        most = counts[:1].clone()
-        totals = counts[1:].clone()
+        most = counts[:2].clone()
+        totals = counts[2:].clone()
         if self.world_size > 1:
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
             dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        groups = equalize_micro_batch_count(groups, int(most.item()))
+        if int(most[0].item()) == 0:
+            # No rank has a row (every group dropped for zero variance, say): stepping anyway
+            # would move the weights by Adam's momentum and weight decay with no data behind it.
+            return {
+                "actor/lr": self.current_lr(),
+                "perf/micro_batches": 0.0,
+                "perf/train_tokens": 0.0,
+                "train/skipped": 1.0,
+            }
+        groups = equalize_micro_batch_count(groups, int(most[0].item()))
+        if (
+            algorithm.loss_aggregation == "seq-mean-token-sum-norm"
+            and algorithm.constant_normalizer is None
+        ):
+            # One constant for the whole mini-batch (its longest response), never a
+            # micro-batch's own padded width: that would weigh a token by the micro-batch it
+            # landed in. A run passes its generation budget instead (RunSpec.algorithm_config).
+            algorithm = dataclasses.replace(algorithm, constant_normalizer=float(most[1].item()))
         global_tokens = max(float(totals[0].item()), 1.0)
         global_sequences = max(float(totals[1].item()), 1.0)
 
@@ -382,12 +401,14 @@ class Trainer:
         result["actor/lr"] = self.current_lr()
         result["perf/micro_batches"] = float(len(groups))
         result["perf/train_tokens"] = float(global_tokens)
+        result["train/skipped"] = 0.0
         return result
 
     def _grad_norm_before_step(self) -> float | None:
         """ZeRO-1/2/3 report the global norm after ``step``; stage 0 does not, so it is computed
-        here, before ``step`` all-reduces the gradients: with one rank that is the global norm,
-        with several it is this rank's local gradient norm."""
+        here, before ``step`` clips the gradients. At stage 0 DeepSpeed has already averaged
+        them over ranks in ``backward``, so this is the global norm with any world size
+        (test_distributed checks it against ZeRO-2's)."""
         if self.zero_stage != 0:
             return None
         squares = [

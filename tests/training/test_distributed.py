@@ -28,15 +28,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_ranks_train_in_step_and_rank_0_reports_the_whole_batch(tiny_model_dir, tmp_path):
+def run_two_ranks(model_dir: Path, tmp_path: Path, stage: int) -> dict:
+    """Runs a 2-step spec under ``torchrun --nproc_per_node 2``; returns the spec."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun is installed with torch"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     spec = tiny_spec(
-        tiny_model_dir,
+        model_dir,
         tmp_path,
         max_steps=2,
-        deepspeed={"zero_optimization": {"stage": 2}, "gradient_clipping": 1.0},
+        deepspeed={"zero_optimization": {"stage": stage}, "gradient_clipping": 1.0},
     )
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -63,6 +64,17 @@ def test_two_ranks_train_in_step_and_rank_0_reports_the_whole_batch(tiny_model_d
         timeout=600,
     )
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    return spec
+
+
+def read_metrics(spec: dict) -> list[dict]:
+    lines = (Path(spec["output_dir"]) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.slow
+def test_two_ranks_train_in_step_and_rank_0_reports_the_whole_batch(tiny_model_dir, tmp_path):
+    spec = run_two_ranks(tiny_model_dir, tmp_path, stage=2)
     out = Path(spec["output_dir"])
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     started = events[0]
@@ -74,8 +86,17 @@ def test_two_ranks_train_in_step_and_rank_0_reports_the_whole_batch(tiny_model_d
     assert len(trajectories) == 2 * 4 * 2  # both ranks' samples, gathered on rank 0
     groups = {json.loads(t)["provenance"]["group"] for t in trajectories[:8]}
     assert groups == {0, 1, 2, 3}
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(spec)
     assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[-1]["actor/grad_norm"] > 0
     ckpt = Path(spec["checkpoint"]["dir"]) / "step_00000002"
     assert (ckpt / "rng_rank0.pt").is_file() and (ckpt / "rng_rank1.pt").is_file()
+
+
+@pytest.mark.slow
+def test_zero_0_reports_the_norm_of_the_averaged_gradient_like_zero_2(tiny_model_dir, tmp_path):
+    # Stage 0's norm is computed by the trainer from the gradients DeepSpeed has averaged in
+    # backward; ZeRO-2's is DeepSpeed's own global norm. A rank's local norm would differ.
+    zero_2 = read_metrics(run_two_ranks(tiny_model_dir, tmp_path / "zero2", stage=2))
+    zero_0 = read_metrics(run_two_ranks(tiny_model_dir, tmp_path / "zero0", stage=0))
+    assert zero_0[0]["actor/grad_norm"] == pytest.approx(zero_2[0]["actor/grad_norm"], rel=1e-3)

@@ -335,3 +335,18 @@ def test_cpu_threads_hold_for_the_run_and_are_given_back(tiny_model_dir, tmp_pat
     assert outcome.status == "completed", outcome.error
     assert sink.metrics_at(1)["perf/cpu_threads"] == wanted
     assert torch.get_num_threads() == before
+
+
+def test_reward_mean_and_std_are_reported_per_domain_and_per_criterion():
+    from training.metrics import SampleRecord, sample_metrics
+
+    records = [
+        SampleRecord("code", 0, 1.0, {"tests": 1.0, "format": 1.0}),
+        SampleRecord("code", 0, 0.5, {"tests": 0.0, "format": 1.0}),
+        SampleRecord("json", 1, 0.0, {"valid": 0.0}),
+    ]
+    metrics = sample_metrics(records)
+    assert metrics["reward/code/mean"] == 0.75 and metrics["reward/code/std"] == 0.25
+    assert metrics["reward/code/tests/mean"] == 0.5 and metrics["reward/code/tests/std"] == 0.5
+    assert metrics["reward/code/format/std"] == 0.0
+    assert metrics["reward/json/valid/mean"] == 0.0

@@ -113,6 +113,33 @@ def test_kl_section_folds_into_the_algorithm_config():
     assert spec.algorithm_config(kl_coef=0.2).kl_coef == 0.2
 
 
+def test_dr_grpo_divides_by_the_generation_budget_unless_told_otherwise():
+    domains = [
+        {"name": "a", "rubric_spec": ARITH_RUBRIC, "task_source": {"kind": "demo"}},
+        {
+            "name": "b",
+            "rubric_spec": ARITH_RUBRIC,
+            "task_source": {"kind": "demo"},
+            "max_new_tokens": 200,
+        },
+    ]
+    spec = RunSpec.from_dict(minimal_spec(algorithm={"algorithm": "dr_grpo"}, domains=domains))
+    assert spec.algorithm_config().constant_normalizer == 200.0
+    tools = RunSpec.from_dict(
+        minimal_spec(
+            algorithm={"algorithm": "dr_grpo"},
+            domains=domains,
+            tools={"enabled": True, "max_total_tokens": 640},
+        )
+    )
+    assert tools.algorithm_config().constant_normalizer == 640.0
+    told = RunSpec.from_dict(
+        minimal_spec(algorithm={"algorithm": "dr_grpo", "constant_normalizer": 64})
+    )
+    assert told.algorithm_config().constant_normalizer == 64.0
+    assert RunSpec.from_dict(minimal_spec()).algorithm_config().constant_normalizer is None
+
+
 def test_from_json_file_reports_broken_json(tmp_path):
     path = tmp_path / "spec.json"
     path.write_text("{not json")

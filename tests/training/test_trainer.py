@@ -50,14 +50,15 @@ def test_a_small_step_raises_the_advantage_weighted_logprob(tiny_model_dir):
     assert {"actor/pg_loss", "actor/entropy", "actor/pg_clipfrac"} <= set(metrics)
 
 
-def test_many_small_micro_batches_give_the_same_update_as_one(tiny_model_dir):
+@pytest.mark.parametrize("preset", ["dapo", "grpo", "dr_grpo"])  # token-, seq-, constant-norm
+def test_many_small_micro_batches_give_the_same_update_as_one(tiny_model_dir, preset):
     results = []
     for budget in (10_000, 24):  # one micro-batch vs one row each
         trainer = make_trainer(tiny_model_dir, budget=budget)
         rows = rows_for(trainer.tokenizer)
         ref = trainer.logprobs(rows, reference=True)
         metrics = trainer.train_step(
-            rows, AlgorithmConfig.preset("dapo"), kl_coef=0.1, ref_logprobs=ref
+            rows, AlgorithmConfig.preset(preset), kl_coef=0.1, ref_logprobs=ref
         )
         results.append((metrics, parameters(trainer)))
     (one, params_one), (many, params_many) = results
@@ -109,3 +110,16 @@ def test_an_entropy_bonus_alone_moves_the_policy_and_raises_its_entropy(tiny_mod
         trainer.train_step(rows, algorithm)
         entropies[coef] = trainer.train_step(rows, algorithm)["actor/entropy"]
     assert entropies[1.0] > entropies[0.0]
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_step_with_no_rows_leaves_the_weights_alone(tiny_model_dir, stage):
+    # DAPO drops every group whose rewards are all equal; a step can end up with no rows.
+    # Stepping anyway moved ZeRO-0 weights by Adam momentum (7e-3) and crashed ZeRO-1.
+    trainer = make_trainer(tiny_model_dir, stage=stage)
+    trainer.train_step(rows_for(trainer.tokenizer), AlgorithmConfig.preset("dapo"))
+    before = parameters(trainer)
+    metrics = trainer.train_step([], AlgorithmConfig.preset("dapo"))
+    assert metrics["train/skipped"] == 1.0 and metrics["perf/train_tokens"] == 0.0
+    after = parameters(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
