@@ -231,10 +231,14 @@ def run_episodes(
     pool: SandboxPool | None = None,
     chat_format: DemoChatFormat | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
+    timings: dict[str, float] | None = None,
 ) -> list[Trajectory]:
     """Run ``sampling.n`` episodes per task; trajectories come back in task order.
 
     ``on_trajectory`` is called as each episode finishes (for streaming to a sink).
+    ``timings["tools_s"]`` (when given) is increased by the elapsed time of the tool phases,
+    sandbox starts included. Tools of different episodes run at the same time, so this is
+    less than the sum of the calls' own ``wall_s``.
     """
     config = config or AgentConfig()
     chat_format = chat_format or DemoChatFormat()
@@ -254,7 +258,11 @@ def run_episodes(
             while waiting or active:
                 while waiting and len(active) < pool.max_active:
                     active.append(waiting.pop(0))
-                _advance(engine, active, per_turn, config, pool, chat_format, executor, turn_index)
+                tools_s = _advance(
+                    engine, active, per_turn, config, pool, chat_format, executor, turn_index
+                )
+                if timings is not None:
+                    timings["tools_s"] = timings.get("tools_s", 0.0) + tools_s
                 turn_index += 1
                 for episode in [e for e in active if e.done]:
                     episode.sandbox_cm.close()
@@ -294,8 +302,9 @@ def _advance(
     chat_format: DemoChatFormat,
     executor: ThreadPoolExecutor,
     turn_index: int,
-) -> None:
-    """One assistant turn for every active episode, then their tool calls in parallel."""
+) -> float:
+    """One assistant turn for every active episode, then their tool calls in parallel.
+    Returns the seconds the tool phase took."""
     runnable: list[tuple[_Episode, int]] = []
     for episode in active:
         trajectory = episode.trajectory
@@ -313,7 +322,7 @@ def _advance(
             continue
         runnable.append((episode, budget))
     if not runnable:
-        return
+        return 0.0
     # One generate call per distinct budget keeps the batch large in the common case (all equal).
     by_budget: dict[int, list[_Episode]] = {}
     for episode, budget in runnable:
@@ -326,7 +335,9 @@ def _advance(
         for episode, samples in zip(group, outputs, strict=True):
             _take_turn(episode, samples[0], chat_format)
     pending = [e for e, _ in runnable if not e.done]
-    results = executor.map(lambda e: _run_tools(e, config, pool), pending)
+    started = time.monotonic()
+    results = list(executor.map(lambda e: _run_tools(e, config, pool), pending))
+    tools_s = time.monotonic() - started if pending else 0.0
     for episode, observation_texts in zip(pending, results, strict=True):
         if episode.done:
             continue
@@ -334,6 +345,7 @@ def _advance(
         for text in observation_texts:
             context += chat_format.tool_turn(text)
         episode.context = context + chat_format.assistant_cue()
+    return tools_s
 
 
 def _take_turn(episode: _Episode, output: RolloutOutput, chat_format: DemoChatFormat) -> None:

@@ -259,7 +259,6 @@ class _Sampled:
     policy_version: int
     messages: list[dict[str, Any]] | None = None
     turns: list[tuple[list[int], list[int], list[float]]] | None = None  # multi-turn episodes
-    tool_seconds: float = 0.0
     observations: list[dict[str, Any]] = field(default_factory=list)
     sandbox_image: str | None = None
     reward: float = 0.0
@@ -311,6 +310,7 @@ class _Run:
         self.kl_coef = spec.kl_coef
         self.temperature = spec.sampling.temperature
         self.step = 0
+        self.tool_seconds = 0.0  # elapsed in tool phases since the step's rollout began
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.last_checkpoint: str | None = None
 
@@ -492,7 +492,11 @@ class _Run:
             n=n,
             seed=_seed_for(seed, -1),
         )
-        trajectories = run_episodes(self.engine, [task for _, _, task in items], sampling, config)
+        phase: dict[str, float] = {}
+        trajectories = run_episodes(
+            self.engine, [task for _, _, task in items], sampling, config, timings=phase
+        )
+        self.tool_seconds += phase.get("tools_s", 0.0)
         results = []
         for index, trajectory in enumerate(trajectories):
             group, domain, task = items[index // n]
@@ -526,7 +530,6 @@ class _Run:
                     policy_version=last.policy_version if last else self.step,
                     messages=trajectory.messages,
                     turns=turns,
-                    tool_seconds=float(sum(float(o["wall_s"] or 0.0) for o in observations)),
                     observations=observations,
                     sandbox_image=trajectory.sandbox_image,
                 )
@@ -595,11 +598,15 @@ class _Run:
         groups = [s.group for s in samples]
         metrics: dict[str, float] = {}
         if algorithm.kl_in_reward and ref is not None and self.kl_coef > 0:
+            # The policy side is recomputed by the trainer, like the reference: the rollout
+            # engine's log-probs differ from the trainer's by kernel and precision (bf16 vLLM),
+            # and that error would read as KL (verl uses the actor's old_log_prob here too).
+            current = _per_sample_tokens(samples, self.trainer.logprobs)
             logprobs = torch.zeros_like(mask)
             ref_tensor = torch.zeros_like(mask)
             for i, s in enumerate(samples):
                 n = len(s.response_ids)
-                logprobs[i, :n] = torch.tensor(s.logprobs[:n])
+                logprobs[i, :n] = torch.tensor(current[i][:n])
                 ref_tensor[i, :n] = torch.tensor(ref[i][:n])
             rewards, kl_metrics = apply_kl_in_reward(
                 rewards,
@@ -675,15 +682,17 @@ class _Run:
         drawn = self.sampler.draw(self.weights, spec.batch.prompts_per_step)
         mine = [(g, *drawn[g]) for g in shard_groups(len(drawn), self.rank, self.world)]
         t = time.perf_counter()
+        self.tool_seconds = 0.0
         samples = self.rollout(
             mine,
             spec.batch.group_size,
             self.temperature,
             _seed_for(spec.seed, self.step, self.rank),
         )
-        tool_seconds = sum(s.tool_seconds for s in samples)
-        timings["timing_s/rollout"] = time.perf_counter() - t - tool_seconds
-        timings["timing_s/tools"] = tool_seconds
+        # Tool phases run inside the rollout (episodes interleave generation and tools); their
+        # elapsed time is split out, so rollout + tools is the stage's wall time.
+        timings["timing_s/rollout"] = time.perf_counter() - t - self.tool_seconds
+        timings["timing_s/tools"] = self.tool_seconds
         t = time.perf_counter()
         self.score(samples)
         timings["timing_s/reward"] = time.perf_counter() - t

@@ -3,6 +3,7 @@
 
 import json
 import re
+import time
 
 import pytest
 
@@ -128,6 +129,31 @@ def test_hostile_tool_code_times_out_and_the_episode_goes_on(pool):
     assert observation.timed_out
     assert trajectory.messages[2]["content"].endswith("[timed out]")
     assert trajectory.completion == "gave up"
+
+
+def test_tool_time_is_the_elapsed_tool_phase_not_the_sum_of_parallel_calls(pool):
+    # Two episodes each sleep 1 s in a tool, side by side: the calls' own times add up to
+    # ~2 s inside a run that took ~1 s. Subtracting that sum from the rollout's wall time made
+    # timing_s/rollout negative; the phase's elapsed time is what a stage timing means.
+    def script(context):
+        if "<|tool|>" not in context:
+            return "<tool>python\nimport time; time.sleep(1)\n</tool>"
+        return "done"
+
+    timings = {}
+    t = time.monotonic()
+    trajectories = run_episodes(
+        ScriptedPolicy(script),
+        [_task("a"), _task("b")],
+        SamplingConfig(),
+        FAST,
+        pool,
+        timings=timings,
+    )
+    elapsed = time.monotonic() - t
+    calls = sum(o.wall_s for tr in trajectories for step in tr.steps for o in step.observations)
+    assert calls > elapsed  # the calls overlapped
+    assert 1.0 <= timings["tools_s"] <= elapsed
 
 
 def test_turn_limit_ends_an_episode_that_never_answers(pool):

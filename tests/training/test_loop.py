@@ -117,6 +117,27 @@ def test_a_run_resumed_after_preemption_matches_an_uninterrupted_one(tiny_model_
         assert name in metrics, name
 
 
+def test_kl_in_the_reward_compares_the_trainers_log_probs_not_the_rollout_engines(
+    tiny_model_dir, tmp_path
+):
+    # A bf16 rollout engine beside an fp32 trainer: at the first step the policy is the
+    # reference, so the KL is zero; the engine's own log-probs read as a (k1) KL of -6.2e-5.
+    spec = RunSpec.from_dict(
+        tiny_spec(
+            tiny_model_dir,
+            tmp_path,
+            max_steps=1,
+            algorithm={"algorithm": "reinforce_plus_plus"},
+            kl={"coef": 0.1, "in_reward": True, "estimator": "k1"},
+            rollout={"engine": "hf", "dtype": "bfloat16"},
+        )
+    )
+    sink = ListSink()
+    outcome = run(spec, sink, StaticControl())
+    assert outcome.status == "completed", outcome.error
+    assert abs(sink.metrics_at(1)["actor/reward_kl_penalty"]) < 1e-7  # engine's: -6.2e-5
+
+
 def test_cancel_stops_before_the_step_without_a_checkpoint(tiny_model_dir, tmp_path):
     spec = RunSpec.from_dict(tiny_spec(tiny_model_dir, tmp_path, max_steps=3))
     sink = ListSink()

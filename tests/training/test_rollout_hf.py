@@ -131,11 +131,22 @@ def test_update_weights_refuses_unknown_or_missing_tensors_and_keeps_serving(
         ({"quantization": "fp8"}, "quantization"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
         ({"weight_sync": "nccl"}, "weight_sync"),
+        ({"enable_chunked_prefill": True}, "enable_chunked_prefill"),
+        ({"enable_prefix_caching": True}, "enable_prefix_caching"),
+        ({"max_num_batched_tokens": 2048}, "max_num_batched_tokens"),
     ],
 )
 def test_vllm_only_options_are_refused_by_name(demo_model_dir, options, named):  # noqa: F811
     with pytest.raises(EngineOptionError, match=named):
         make_engine(RolloutEngineConfig(engine="hf", **options), demo_model_dir)
+
+
+def test_scheduler_features_turned_off_are_what_the_transformers_engine_does(demo_model_dir):  # noqa: F811
+    engine = make_engine(
+        RolloutEngineConfig(engine="hf", enable_chunked_prefill=False, enable_prefix_caching=False),
+        demo_model_dir,
+    )
+    engine.close()
 
 
 def test_engine_config_names_every_bad_field():

@@ -39,6 +39,17 @@ class HFEngine:
         refused = [name for name in _VLLM_ONLY if getattr(config, name)]
         if config.kv_cache_dtype != "auto":
             refused.append("kv_cache_dtype")
+        # vLLM scheduler features: asking for them (true, or a token budget) and getting a
+        # silent no-op would misreport what a run measured; "false" is what this engine does.
+        refused += [
+            name
+            for name in (
+                "enable_chunked_prefill",
+                "enable_prefix_caching",
+                "max_num_batched_tokens",
+            )
+            if getattr(config, name) not in (None, False)
+        ]
         if config.weight_sync != "inprocess":
             refused.append("weight_sync")
         if refused:
