@@ -581,6 +581,7 @@ def aggregate_loss(
     global_tokens: float | None = None,
     global_sequences: float | None = None,
     constant_normalizer: float | None = None,
+    sequence_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduces a ``[batch, tokens]`` loss to a scalar.
 
@@ -600,6 +601,9 @@ def aggregate_loss(
     Sequences with an empty response are not counted. ``global_tokens`` /
     ``global_sequences`` replace this tensor's counts with the mini-batch's (see the module
     docstring on micro-batches); with no tokens at all the loss is 0, never NaN.
+    ``sequence_tokens`` (``[batch]``) replaces each row's own token count as the divisor of
+    ``seq-mean-token-mean``: a row that is one turn of a multi-turn episode is averaged over
+    the whole episode's tokens, so the episode, not each turn, weighs one sequence.
     """
     _check_mask(response_mask)
     if loss_mat.shape != response_mask.shape:
@@ -621,7 +625,8 @@ def aggregate_loss(
     if mode == "seq-mean-token-sum":
         return token_sums.sum() / sequences
     if mode == "seq-mean-token-mean":
-        per_sequence = token_sums / token_counts.clamp(min=1.0)
+        lengths = token_counts if sequence_tokens is None else sequence_tokens.to(token_sums)
+        per_sequence = token_sums / lengths.clamp(min=1.0)
         return per_sequence.sum() / sequences
     if mode == "seq-mean-token-sum-norm":
         constant = (
@@ -787,6 +792,7 @@ def policy_loss(
     global_tokens: float | None = None,
     global_sequences: float | None = None,
     constant_normalizer: float | None = None,
+    sequence_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy-gradient loss and its metrics.
 
@@ -845,6 +851,7 @@ def policy_loss(
         global_tokens=global_tokens,
         global_sequences=global_sequences,
         constant_normalizer=constant_normalizer,
+        sequence_tokens=sequence_tokens,
     )
     with torch.no_grad():
         metrics = {
@@ -867,6 +874,7 @@ def value_loss(
     global_tokens: float | None = None,
     global_sequences: float | None = None,
     constant_normalizer: float | None = None,
+    sequence_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss (PPO): ``0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2)``.
 
@@ -894,6 +902,7 @@ def value_loss(
         global_tokens=global_tokens,
         global_sequences=global_sequences,
         constant_normalizer=constant_normalizer,
+        sequence_tokens=sequence_tokens,
     )
     with torch.no_grad():
         metrics = {
@@ -1065,6 +1074,7 @@ def actor_loss(
     kl_coef: float | None = None,
     global_tokens: float | None = None,
     global_sequences: float | None = None,
+    sequence_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy loss + ``kl_coef * KL`` (when KL is in the loss) - ``entropy_coef * entropy``.
 
@@ -1075,10 +1085,11 @@ def actor_loss(
     ``actor/kl_loss`` (the aggregated estimate) and ``actor/kl`` (mean per-token k1, the
     plain log-ratio to the reference).
     """
-    agg = {
+    agg: dict[str, Any] = {
         "global_tokens": global_tokens,
         "global_sequences": global_sequences,
         "constant_normalizer": config.constant_normalizer,
+        "sequence_tokens": sequence_tokens,
     }
     loss, metrics = policy_loss(
         config.policy_loss,

@@ -43,6 +43,11 @@ class TrainRow:
     old_logprobs: list[float] | None = None
     returns: list[float] | None = None  # PPO: value targets per response token
     old_values: list[float] | None = None  # PPO: the value head's outputs at rollout time
+    # One turn of a multi-turn episode is part of a sequence, not one: the sequence-level loss
+    # modes count ``sequence_share`` of a sequence for it (an episode's turns sum to 1) and
+    # average its tokens over ``sequence_tokens`` (the episode's response tokens).
+    sequence_tokens: int | None = None
+    sequence_share: float = 1.0
 
     @property
     def length(self) -> int:
@@ -68,6 +73,7 @@ class MicroBatch:
     old_logprobs: torch.Tensor | None
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
+    sequence_tokens: torch.Tensor | None = None  # [rows]: each row's sequence length (turns)
 
     @property
     def is_empty(self) -> bool:
@@ -159,6 +165,9 @@ def collate(
     have_values = all(row.returns is not None and row.old_values is not None for row in chosen)
     returns = torch.zeros((count, longest_response)) if have_values else None
     old_values = torch.zeros((count, longest_response)) if have_values else None
+    sequence_tokens = torch.tensor(
+        [float(row.sequence_tokens or len(row.response_ids)) for row in chosen]
+    )
     for i, row in enumerate(chosen):
         sequence = row.prompt_ids + row.response_ids
         input_ids[i, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
@@ -189,4 +198,5 @@ def collate(
         old_logprobs=None if old is None else old.to(device),
         returns=None if returns is None else returns.to(device),
         old_values=None if old_values is None else old_values.to(device),
+        sequence_tokens=sequence_tokens.to(device),
     )

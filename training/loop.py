@@ -653,9 +653,16 @@ class _Run:
                 # computed over the episode's assistant tokens in order, so a turn's slice carries
                 # the credit of everything after it, observations included in its context.
                 offset = 0
+                turns_with_tokens = sum(1 for _, ids, _ in s.turns if ids)
                 for prompt_ids, response_ids, _ in s.turns:
                     n = len(response_ids)
-                    row = TrainRow(prompt_ids, response_ids, adv[offset : offset + n])
+                    row = TrainRow(
+                        prompt_ids,
+                        response_ids,
+                        adv[offset : offset + n],
+                        sequence_tokens=len(s.response_ids),
+                        sequence_share=1.0 / max(turns_with_tokens, 1),
+                    )
                     if values is not None:
                         row.returns = returns[i, offset : offset + n].tolist()
                         row.old_values = values[i, offset : offset + n].tolist()

@@ -281,9 +281,9 @@ class Trainer:
         counts = torch.tensor(
             [
                 float(len(groups)),
-                float(max((len(r.response_ids) for r in rows), default=0)),
+                float(max((r.sequence_tokens or len(r.response_ids) for r in rows), default=0)),
                 float(sum(len(r.response_ids) for r in rows)),
-                float(sum(1 for r in rows if r.response_ids)),
+                float(sum(r.sequence_share for r in rows if r.response_ids)),
             ]
         )
         most = counts[:2].clone()
@@ -341,6 +341,7 @@ class Trainer:
                 kl_coef=kl_coef,
                 global_tokens=global_tokens,
                 global_sequences=global_sequences,
+                sequence_tokens=batch.sequence_tokens,
             )
             if values is not None:
                 if batch.returns is None or batch.old_values is None:
@@ -355,6 +356,7 @@ class Trainer:
                     global_tokens=global_tokens,
                     global_sequences=global_sequences,
                     constant_normalizer=algorithm.constant_normalizer,
+                    sequence_tokens=batch.sequence_tokens,
                 )
                 loss = loss + algorithm.value_loss_coef * critic_loss
                 metrics.update(critic_metrics)

@@ -123,3 +123,50 @@ def test_a_step_with_no_rows_leaves_the_weights_alone(tiny_model_dir, stage):
     assert metrics["train/skipped"] == 1.0 and metrics["perf/train_tokens"] == 0.0
     after = parameters(trainer)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"])
+def test_an_episode_split_into_turns_weighs_what_it_weighs_in_one_piece(
+    tiny_model_dir, aggregation
+):
+    # Cut a response in two "turns" whose second context is the first turn (no observation):
+    # the tokens and their log-probs are the same, so the update must be too. Counting each
+    # turn as a sequence gave a 3-turn episode three times a 1-turn episode's weight.
+    results = []
+    for split in (False, True):
+        trainer = make_trainer(tiny_model_dir)
+        whole = rows_for(trainer.tokenizer, n=4)
+        long = whole[1]  # several tokens
+        rows = [r for r in whole if r is not long]
+        if split:
+            cut = len(long.response_ids) // 2
+            first, second = long.response_ids[:cut], long.response_ids[cut:]
+            n = len(long.response_ids)
+            rows += [
+                TrainRow(
+                    long.prompt_ids,
+                    first,
+                    long.advantages[:cut],
+                    sequence_tokens=n,
+                    sequence_share=0.5,
+                ),
+                TrainRow(
+                    long.prompt_ids + first,
+                    second,
+                    long.advantages[cut:],
+                    sequence_tokens=n,
+                    sequence_share=0.5,
+                ),
+            ]
+        else:
+            rows.append(long)
+        config = AlgorithmConfig.from_dict(
+            {**AlgorithmConfig.preset("grpo").to_dict(), "loss_aggregation": aggregation}
+        )
+        metrics = trainer.train_step(rows, config)
+        results.append((metrics, parameters(trainer)))
+    (one, params_one), (turns, params_turns) = results
+    assert turns["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], rel=1e-4, abs=1e-6)
+    assert turns["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-4)
+    for name, tensor in params_one.items():
+        torch.testing.assert_close(params_turns[name], tensor, rtol=1e-4, atol=2e-4)
