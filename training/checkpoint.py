@@ -9,10 +9,13 @@ Layout under the run's checkpoint directory (one sub-directory per checkpoint)::
         rng_rank0.pt ...      torch / numpy / python RNG state of each rank
         hf/                   the policy as a Hugging Face directory (ZeRO 0-2), for serving
         COMPLETE              written last, by rank 0, after every rank finished
+      step_00000006.partial/  a checkpoint being written (renamed into place when complete)
       latest                  DeepSpeed's pointer (informative; `find_latest` reads COMPLETE)
 
 A checkpoint without ``COMPLETE`` (the job died while writing) is never resumed from, so a
 crash during a save falls back to the previous checkpoint instead of loading half a state.
+``run_state.json`` records the world size; resuming with another one is refused by name on
+every rank (DeepSpeed itself only notices at ZeRO 1-3, and then on some ranks).
 Across several hosts the checkpoint directory must be on a filesystem every rank sees (rank 0
 writes ``run_state.json``; each rank its own RNG file and DeepSpeed shards), as DeepSpeed's own
 checkpoints assume.
@@ -72,7 +75,10 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     found = [
         path
         for path in root.iterdir()
-        if path.is_dir() and path.name.startswith(_PREFIX) and (path / COMPLETE_MARKER).is_file()
+        if path.is_dir()
+        and path.name.startswith(_PREFIX)
+        and path.name[len(_PREFIX) :].isdigit()  # not a staging (.partial) directory
+        and (path / COMPLETE_MARKER).is_file()
     ]
     return sorted(found, key=lambda p: p.name)
 
@@ -92,30 +98,55 @@ def _barrier() -> None:
 def save_checkpoint(
     trainer: Any, root: str | Path, step: int, run_state: dict[str, Any], keep_last: int
 ) -> Path:
-    """Saves (a collective call: every rank) and prunes to the ``keep_last`` newest."""
+    """Saves (a collective call: every rank) and prunes to the ``keep_last`` newest.
+
+    The checkpoint is written under a staging name and renamed into place once complete, so a
+    re-save of the same step (a preemption right after resuming) never leaves a moment without
+    a complete checkpoint. Checkpoints *newer* than ``step`` belong to a timeline this run
+    abandoned (it resumed from an older one) and are removed, so ``resume: latest`` continues
+    this one; the checkpoint just written is never pruned."""
     import torch.distributed as dist
 
     root = Path(root)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
     tag = _tag(step)
     path = root / tag
-    if rank == 0 and path.exists():  # a re-save of the same step replaces it whole
-        shutil.rmtree(path)
+    staging = root / f"{tag}.partial"
+    if rank == 0 and staging.exists():  # left by a save that died
+        shutil.rmtree(staging)
     _barrier()
-    trainer.engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
-    torch.save(capture_rng_state(), path / f"rng_rank{rank}.pt")
+    trainer.engine.save_checkpoint(str(root), tag=staging.name, client_state={"step": step})
+    torch.save(capture_rng_state(), staging / f"rng_rank{rank}.pt")
     if rank == 0:
-        (path / "run_state.json").write_text(json.dumps(run_state, indent=1, sort_keys=True))
+        state = {**run_state, "world_size": world}
+        (staging / "run_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
     # The Hugging Face copy is what a later run (or vLLM) starts from; under ZeRO-3 writing it
     # gathers the partitions, so every rank takes part.
-    trainer.save_pretrained(path / "hf", writer=rank == 0)
+    trainer.save_pretrained(staging / "hf", writer=rank == 0)
     _barrier()
     if rank == 0:
-        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step}) + "\n")
-        for old in list_checkpoints(root)[:-keep_last]:
+        (staging / COMPLETE_MARKER).write_text(json.dumps({"step": step}) + "\n")
+        if path.exists():
+            replaced = root / f"{tag}.replaced"
+            shutil.rmtree(replaced, ignore_errors=True)
+            path.rename(replaced)
+            staging.rename(path)
+            shutil.rmtree(replaced, ignore_errors=True)
+        else:
+            staging.rename(path)
+        (root / "latest").write_text(tag)  # DeepSpeed's pointer named the staging directory
+        found = list_checkpoints(root)
+        abandoned = [p for p in found if _step_of(p) > step]
+        older = [p for p in found if _step_of(p) <= step and p != path]
+        for old in abandoned + older[: max(0, len(older) - (keep_last - 1))]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return path
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name[len(_PREFIX) :])
 
 
 def load_checkpoint(trainer: Any, path: str | Path) -> dict[str, Any]:
@@ -125,6 +156,14 @@ def load_checkpoint(trainer: Any, path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not (path / COMPLETE_MARKER).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER})")
+    run_state = dict(json.loads((path / "run_state.json").read_text()))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    written_by = int(run_state.get("world_size", world))
+    if written_by != world:  # every rank raises, before DeepSpeed loads anything
+        raise ValueError(
+            f"{path} was written by {written_by} rank(s) and this run has {world}: resume with "
+            f"{written_by}, or start a new run from its hf/ copy as the base model"
+        )
     loaded, _ = trainer.engine.load_checkpoint(
         str(path.parent),
         tag=path.name,
@@ -140,4 +179,4 @@ def load_checkpoint(trainer: Any, path: str | Path) -> dict[str, Any]:
             f"{rng_file} is missing: was this checkpoint written with a different world size?"
         )
     restore_rng_state(torch.load(rng_file, weights_only=False))
-    return dict(json.loads((path / "run_state.json").read_text()))
+    return run_state

@@ -358,6 +358,7 @@ class _Run:
         self.kl_coef = float(state["kl_coef"])
         self.temperature = float(state["temperature"])
         self.sync_weights()
+        self.last_checkpoint = str(path)  # what a run that fails before its next save has
         self.sink.event("run.resumed", {"step": self.step, "checkpoint": str(path)})
 
     def sync_weights(self) -> float:
@@ -713,8 +714,8 @@ class _Run:
             )
         rows, adv_metrics = self.training_rows(samples, ref_for_samples)
         algorithm = spec.algorithm_config(kl_coef=self.kl_coef)
-        row_ref = self.trainer.logprobs(rows, reference=True) if reference and rows else None
-        if spec.batch.epochs * spec.batch.mini_batches > 1 and rows:
+        row_ref = self.trainer.logprobs(rows, reference=True) if reference else None
+        if spec.batch.epochs * spec.batch.mini_batches > 1:  # every rank: a collective
             for row, old in zip(rows, self.trainer.logprobs(rows), strict=True):
                 row.old_logprobs = old
         train_metrics: dict[str, list[float]] = {}

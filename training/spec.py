@@ -404,6 +404,10 @@ class RunSpec:
         domains = _domains(check, data.get("domains"))
         output_dir = check.text(data, "output_dir", "output_dir", None)
         cpu_threads = check.integer(data, "cpu_threads", "cpu_threads", 0, low=0)
+        zero = deepspeed_config.get("zero_optimization")
+        if ewc.strength > 0 and isinstance(zero, dict) and zero.get("stage") == 3:
+            # The penalty reads whole parameters; ZeRO-3 keeps only a shard of each per rank.
+            check.add("ewc", "EWC needs whole parameters: use ZeRO stage 0, 1 or 2 with it")
 
         if check.errors:
             raise SpecError(check.errors)

@@ -225,6 +225,22 @@ class Trainer:
             values = None
         return logits[:, :-1].gather(1, index), values
 
+    def _scoring_plan(self, rows: Sequence[TrainRow]) -> list[list[int]]:
+        """Micro-batches for a forward-only pass over the rows that have a response (a row
+        without one scores as ``[]``). Under ZeRO-3 every forward gathers parameters from all
+        ranks, so every rank must run as many as the busiest (a collective call then: the
+        others run empty ones), or the ranks wait on each other forever."""
+        with_response = [i for i, r in enumerate(rows) if r.response_ids]
+        plan = plan_micro_batches([rows[i].length for i in with_response], self.micro_batch_tokens)
+        groups = [[with_response[j] for j in group] for group in plan]
+        if self.zero_stage == 3 and self.world_size > 1:
+            import torch.distributed as dist
+
+            most = torch.tensor([float(len(groups))])
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            groups = equalize_micro_batch_count(groups, int(most.item()))
+        return groups
+
     @torch.no_grad()
     def values(self, rows: Sequence[TrainRow]) -> list[list[float]]:
         """The value head's estimate at each response token of each row (PPO/GAE)."""
@@ -233,7 +249,7 @@ class Trainer:
         was_training = self.module.training
         self.module.eval()
         result: list[list[float]] = [[] for _ in rows]
-        for indices in plan_micro_batches([r.length for r in rows], self.micro_batch_tokens):
+        for indices in self._scoring_plan(rows):
             batch = collate(rows, indices, self.pad_id, self.device)
             _, values = self._forward(self.module, batch)
             assert values is not None
@@ -251,7 +267,7 @@ class Trainer:
         was_training = model.training
         model.eval()
         result: list[list[float]] = [[] for _ in rows]
-        for indices in plan_micro_batches([r.length for r in rows], self.micro_batch_tokens):
+        for indices in self._scoring_plan(rows):
             batch = collate(rows, indices, self.pad_id, self.device)
             values = token_logprobs_from_logits(
                 self._response_logits(model, batch), batch.response_ids

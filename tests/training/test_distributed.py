@@ -28,10 +28,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_two_ranks(model_dir: Path, tmp_path: Path, stage: int) -> dict:
-    """Runs a 2-step spec under ``torchrun --nproc_per_node 2``; returns the spec."""
+def torchrun_two_ranks(args: list[str]) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 <args>`` on the CPU (gloo); asserts it succeeded."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun is installed with torch"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    result = subprocess.run(
+        [torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    return result
+
+
+def run_two_ranks(model_dir: Path, tmp_path: Path, stage: int) -> dict:
+    """Runs a 2-step spec under ``torchrun --nproc_per_node 2``; returns the spec."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     spec = tiny_spec(
         model_dir,
@@ -41,29 +58,7 @@ def run_two_ranks(model_dir: Path, tmp_path: Path, stage: int) -> dict:
     )
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    result = subprocess.run(
-        [
-            torchrun,
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            "-m",
-            "training",
-            "run",
-            str(spec_path),
-            "--no-table",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    torchrun_two_ranks(["-m", "training", "run", str(spec_path), "--no-table"])
     return spec
 
 
@@ -100,3 +95,15 @@ def test_zero_0_reports_the_norm_of_the_averaged_gradient_like_zero_2(tiny_model
     zero_2 = read_metrics(run_two_ranks(tiny_model_dir, tmp_path / "zero2", stage=2))
     zero_0 = read_metrics(run_two_ranks(tiny_model_dir, tmp_path / "zero0", stage=0))
     assert zero_0[0]["actor/grad_norm"] == pytest.approx(zero_2[0]["actor/grad_norm"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_zero3_ranks_with_different_row_counts_score_without_waiting_forever(tiny_model_dir):
+    # Each ZeRO-3 forward gathers parameters from every rank; a rank with fewer micro-batches
+    # used to leave the other waiting in its next gather (a hang, not an error).
+    worker = REPO / "tests" / "training" / "zero3_scoring_worker.py"
+    result = torchrun_two_ranks([str(worker), str(tiny_model_dir)])
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    by_rank = {line["rank"]: line for line in lines}
+    assert by_rank[0]["lengths"] == [3, 3, 3, 3, 0] and by_rank[1]["lengths"] == [3, 0]
+    assert by_rank[0]["first"] == pytest.approx(by_rank[1]["first"], abs=1e-6)

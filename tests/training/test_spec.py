@@ -140,6 +140,13 @@ def test_dr_grpo_divides_by_the_generation_budget_unless_told_otherwise():
     assert RunSpec.from_dict(minimal_spec()).algorithm_config().constant_normalizer is None
 
 
+def test_ewc_with_zero_3_is_refused_before_the_run_starts():
+    ewc = {"strength": 1.0, "fisher_path": "f", "anchor_path": "a"}
+    with pytest.raises(SpecError, match="ewc: EWC needs whole parameters"):
+        RunSpec.from_dict(minimal_spec(ewc=ewc, deepspeed={"zero_optimization": {"stage": 3}}))
+    assert RunSpec.from_dict(minimal_spec(ewc=ewc, deepspeed={"zero_optimization": {"stage": 2}}))
+
+
 def test_from_json_file_reports_broken_json(tmp_path):
     path = tmp_path / "spec.json"
     path.write_text("{not json")
