@@ -170,3 +170,12 @@ def test_an_episode_split_into_turns_weighs_what_it_weighs_in_one_piece(
     assert turns["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-4)
     for name, tensor in params_one.items():
         torch.testing.assert_close(params_turns[name], tensor, rtol=1e-4, atol=2e-4)
+
+
+def test_a_row_without_a_response_scores_as_nothing(tiny_model_dir):
+    # A tool episode that ended before its first turn (the prompt filled the token budget)
+    # has no prompt or response ids; scoring it crashed the reference pass of the whole step.
+    trainer = make_trainer(tiny_model_dir)
+    [row] = rows_for(trainer.tokenizer, n=1)
+    scored = trainer.logprobs([TrainRow([], [], []), row], reference=True)
+    assert scored[0] == [] and len(scored[1]) == len(row.response_ids)
