@@ -177,5 +177,6 @@ def test_a_row_without_a_response_scores_as_nothing(tiny_model_dir):
     # has no prompt or response ids; scoring it crashed the reference pass of the whole step.
     trainer = make_trainer(tiny_model_dir)
     [row] = rows_for(trainer.tokenizer, n=1)
+    assert trainer.logprobs([TrainRow([], [], [])], reference=True) == [[]]
     scored = trainer.logprobs([TrainRow([], [], []), row], reference=True)
     assert scored[0] == [] and len(scored[1]) == len(row.response_ids)
