@@ -579,8 +579,15 @@ class _Run:
     # -------------------------------------------------------------- advantages → rows
 
     def training_rows(
-        self, samples: list[_Sampled], ref: list[list[float]] | None
-    ) -> tuple[list[TrainRow], dict[str, float]]:
+        self,
+        samples: list[_Sampled],
+        ref: list[list[float]] | None,
+        current: list[list[float]] | None,
+    ) -> tuple[list[TrainRow], list[list[float]] | None, dict[str, float]]:
+        """The trainer's rows, the reference log-probs of each row (when ``ref`` is given), and
+        the advantage metrics. ``ref``/``current``: per-sample reference and policy log-probs
+        (`_per_sample_tokens`); ``current`` serves the KL in the reward and, when the batch is
+        used more than once, the rows' old log-probs."""
         from training.algorithms import (
             apply_kl_in_reward,
             compute_advantages,
@@ -589,7 +596,7 @@ class _Run:
 
         algorithm = self.spec.algorithm_config(kl_coef=self.kl_coef)
         if not samples:
-            return [], {}
+            return [], [] if ref is not None else None, {}
         lengths = [max(len(s.response_ids), 1) for s in samples]
         longest = max(lengths)
         mask = torch.zeros((len(samples), longest))
@@ -602,7 +609,7 @@ class _Run:
             # The policy side is recomputed by the trainer, like the reference: the rollout
             # engine's log-probs differ from the trainer's by kernel and precision (bf16 vLLM),
             # and that error would read as KL (verl uses the actor's old_log_prob here too).
-            current = _per_sample_tokens(samples, self.trainer.logprobs)
+            assert current is not None
             logprobs = torch.zeros_like(mask)
             ref_tensor = torch.zeros_like(mask)
             for i, s in enumerate(samples):
@@ -644,42 +651,43 @@ class _Run:
         keep = [True] * len(samples)
         if algorithm.filter_zero_variance_groups:
             keep = filter_zero_variance_groups(rewards, groups, response_mask=mask).tolist()
+        old = current if self.spec.batch.epochs * self.spec.batch.mini_batches > 1 else None
         rows: list[TrainRow] = []
+        row_ref: list[list[float]] | None = [] if ref is not None else None
         for i, s in enumerate(samples):
             if not keep[i] or not s.response_ids:
                 continue
-            adv = advantages[i, : len(s.response_ids)].tolist()
-            if s.turns:
-                # One row per assistant turn. The advantages (and PPO's value targets) were
-                # computed over the episode's assistant tokens in order, so a turn's slice carries
-                # the credit of everything after it, observations included in its context.
-                offset = 0
-                turns_with_tokens = sum(1 for _, ids, _ in s.turns if ids)
-                for prompt_ids, response_ids, _ in s.turns:
-                    n = len(response_ids)
-                    row = TrainRow(
-                        prompt_ids,
-                        response_ids,
-                        adv[offset : offset + n],
-                        sequence_tokens=len(s.response_ids),
-                        sequence_share=1.0 / max(turns_with_tokens, 1),
-                    )
-                    if values is not None:
-                        row.returns = returns[i, offset : offset + n].tolist()
-                        row.old_values = values[i, offset : offset + n].tolist()
-                    rows.append(row)
-                    offset += n
-            else:
-                row = TrainRow(s.prompt_ids, s.response_ids, adv, s.logprobs)
+            # One row per assistant turn (one row for a single-turn sample). The advantages, PPO's
+            # value targets and the per-token scores were computed over the sample's response
+            # tokens in order, so a turn takes its slice: the credit of everything after it, and
+            # its context holds the conversation so far, observations included.
+            pieces = s.turns or [(s.prompt_ids, s.response_ids, s.logprobs)]
+            turns_with_tokens = sum(1 for _, ids, _ in pieces if ids)
+            start = 0
+            for prompt_ids, response_ids, rollout_logprobs in pieces:
+                end = start + len(response_ids)
+                row = TrainRow(
+                    prompt_ids,
+                    response_ids,
+                    advantages[i, start:end].tolist(),
+                    rollout_logprobs,
+                    sequence_tokens=len(s.response_ids),
+                    sequence_share=1.0 / max(turns_with_tokens, 1),
+                )
                 if values is not None:
-                    row.returns = returns[i, : len(s.response_ids)].tolist()
-                    row.old_values = values[i, : len(s.response_ids)].tolist()
+                    row.returns = returns[i, start:end].tolist()
+                    row.old_values = values[i, start:end].tolist()
+                if old is not None:
+                    row.old_logprobs = old[i][start:end]
+                if row_ref is not None and ref is not None:
+                    row_ref.append(ref[i][start:end])
                 rows.append(row)
+                start = end
         metrics["critic/advantages/mean"] = float(
             (advantages * mask).sum() / mask.sum().clamp(min=1)
         )
         metrics["batch/kept_fraction"] = sum(keep) / len(keep)
-        return rows, metrics
+        return rows, row_ref, metrics
 
     # -------------------------------------------------------------- one step
 
@@ -706,18 +714,20 @@ class _Run:
         timings["timing_s/reward"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        reference = self.trainer.reference_model is not None
-        ref_for_samples: list[list[float]] | None = None
-        if reference:
-            ref_for_samples = _per_sample_tokens(
-                samples, lambda rows: self.trainer.logprobs(rows, reference=True)
-            )
-        rows, adv_metrics = self.training_rows(samples, ref_for_samples)
+        # Each forward-only pass runs once per step over the samples (every rank: under ZeRO-3
+        # they are collectives); the rows take their slices.
         algorithm = spec.algorithm_config(kl_coef=self.kl_coef)
-        row_ref = self.trainer.logprobs(rows, reference=True) if reference else None
-        if spec.batch.epochs * spec.batch.mini_batches > 1:  # every rank: a collective
-            for row, old in zip(rows, self.trainer.logprobs(rows), strict=True):
-                row.old_logprobs = old
+        reference = self.trainer.reference_model is not None
+        ref_for_samples = (
+            _per_sample_tokens(samples, lambda rows: self.trainer.logprobs(rows, reference=True))
+            if reference
+            else None
+        )
+        needs_current = spec.batch.epochs * spec.batch.mini_batches > 1 or (
+            algorithm.kl_in_reward and reference and self.kl_coef > 0
+        )
+        current = _per_sample_tokens(samples, self.trainer.logprobs) if needs_current else None
+        rows, row_ref, adv_metrics = self.training_rows(samples, ref_for_samples, current)
         train_metrics: dict[str, list[float]] = {}
         for _ in range(spec.batch.epochs):
             for part in range(spec.batch.mini_batches):
