@@ -35,6 +35,16 @@ def assert_same_metrics(a, b):
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
 
 
+def completed_tiny_run(model_dir, tmp_path, **changes):
+    """Runs ``tiny_spec`` with ``changes`` to completion; returns its sink."""
+    sink = ListSink()
+    outcome = run(
+        RunSpec.from_dict(tiny_spec(model_dir, tmp_path, **changes)), sink, StaticControl()
+    )
+    assert outcome.status == "completed", outcome.error
+    return sink
+
+
 @pytest.mark.slow
 def test_a_run_resumed_after_preemption_matches_an_uninterrupted_one(tiny_model_dir, tmp_path):
     straight_dir = tmp_path / "straight"
@@ -122,19 +132,14 @@ def test_kl_in_the_reward_compares_the_trainers_log_probs_not_the_rollout_engine
 ):
     # A bf16 rollout engine beside an fp32 trainer: at the first step the policy is the
     # reference, so the KL is zero; the engine's own log-probs read as a (k1) KL of -6.2e-5.
-    spec = RunSpec.from_dict(
-        tiny_spec(
-            tiny_model_dir,
-            tmp_path,
-            max_steps=1,
-            algorithm={"algorithm": "reinforce_plus_plus"},
-            kl={"coef": 0.1, "in_reward": True, "estimator": "k1"},
-            rollout={"engine": "hf", "dtype": "bfloat16"},
-        )
+    sink = completed_tiny_run(
+        tiny_model_dir,
+        tmp_path,
+        max_steps=1,
+        algorithm={"algorithm": "reinforce_plus_plus"},
+        kl={"coef": 0.1, "in_reward": True, "estimator": "k1"},
+        rollout={"engine": "hf", "dtype": "bfloat16"},
     )
-    sink = ListSink()
-    outcome = run(spec, sink, StaticControl())
-    assert outcome.status == "completed", outcome.error
     assert abs(sink.metrics_at(1)["actor/reward_kl_penalty"]) < 1e-7  # engine's: -6.2e-5
 
 
@@ -183,19 +188,14 @@ def test_the_sampler_resumes_from_its_state_and_covers_each_epoch():
 
 
 def test_ppo_trains_a_value_head_beside_the_policy(tiny_model_dir, tmp_path):
-    spec = RunSpec.from_dict(
-        tiny_spec(
-            tiny_model_dir,
-            tmp_path,
-            max_steps=2,
-            algorithm={"algorithm": "ppo"},
-            kl={"coef": 0.01},
-            batch={"prompts_per_step": 2, "group_size": 2, "epochs": 2, "mini_batches": 2},
-        )
+    sink = completed_tiny_run(
+        tiny_model_dir,
+        tmp_path,
+        max_steps=2,
+        algorithm={"algorithm": "ppo"},
+        kl={"coef": 0.01},
+        batch={"prompts_per_step": 2, "group_size": 2, "epochs": 2, "mini_batches": 2},
     )
-    sink = ListSink()
-    outcome = run(spec, sink, StaticControl())
-    assert outcome.status == "completed", outcome.error
     metrics = sink.metrics_at(2)
     assert metrics["critic/vf_loss"] > 0 and "critic/vpred_mean" in metrics
     assert "actor/reward_kl_penalty" in metrics  # PPO puts the KL in the reward
