@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 SERVICES := $(PY) -m console.devservers
 
-.PHONY: demo test test-fast bench lint format venv clean-var
+.PHONY: demo test test-fast bench lint format venv clean-var lock
 
 venv:
 	@scripts/bootstrap.sh
@@ -36,3 +36,8 @@ clean-var:
 format: venv
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
+
+## Re-resolves requirements.lock (pinned versions with hashes) from pyproject.toml; bootstrap
+## installs exactly the lock, and tests/test_lock.py checks the environment against it.
+lock: venv
+	$(PY) scripts/lock.py

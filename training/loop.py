@@ -17,7 +17,9 @@ One step:
    ``mini_batches`` optimiser steps; the old log-probabilities are recomputed first when a
    batch is used more than once).
 7. **Weight sync** to the rollout engine (the new policy version), then metrics, trajectories
-   (with reward breakdown and provenance), checkpoints every N steps, held-out evaluation.
+   (with reward breakdown and provenance), checkpoints every N steps, held-out evaluation. A
+   policy that has collapsed (one answer per prompt while still mostly wrong: no gradient left)
+   raises a ``run.collapsed`` event, and ``run.collapse_recovered`` if it comes back.
 
 Determinism: sampling seeds derive from ``(seed, step, rank)``, the sampler's state and every
 RNG are in the checkpoint, so a run resumed from step k produces at step k+1 the same metrics
@@ -47,9 +49,10 @@ import torch
 from training.batching import TrainRow, shard_groups
 from training.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from training.control import Control, ControlDecision, Overrides
-from training.metrics import SampleRecord, eval_metrics, sample_metrics
+from training.metrics import CollapseDetector, SampleRecord, eval_metrics, sample_metrics
 from training.sink import NullSink, QueueingSink, Sink
 from training.spec import DomainSpec, RunSpec
+from training.threads import set_cpu_threads
 
 __all__ = ["DomainMixSampler", "RunOutcome", "load_tasks", "mix_counts", "run"]
 
@@ -313,6 +316,7 @@ class _Run:
         self.tool_seconds = 0.0  # elapsed in tool phases since the step's rollout began
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.last_checkpoint: str | None = None
+        self.collapse = CollapseDetector()
 
     # -------------------------------------------------------------- state
 
@@ -729,6 +733,7 @@ class _Run:
         current = _per_sample_tokens(samples, self.trainer.logprobs) if needs_current else None
         rows, row_ref, adv_metrics = self.training_rows(samples, ref_for_samples, current)
         train_metrics: dict[str, list[float]] = {}
+        self.trainer.set_lr(self.learning_rate())
         for _ in range(spec.batch.epochs):
             for part in range(spec.batch.mini_batches):
                 chosen = list(range(part, len(rows), spec.batch.mini_batches))
@@ -779,7 +784,17 @@ class _Run:
             metrics[f"mix/{name}/prompts"] = float(sum(1 for d, _ in drawn if d == name))
         self.sink.trajectories(trajectories)
         self.sink.metrics(self.step, metrics)
+        change = self.collapse.observe(self.step, metrics)
+        if change is not None:
+            self.sink.event(*change)
         return metrics
+
+    def learning_rate(self) -> float:
+        """This step's learning rate: ``lr``, ramped linearly over ``lr_warmup_steps``."""
+        warmup = self.spec.lr_warmup_steps
+        if warmup <= 0:
+            return self.spec.lr
+        return self.spec.lr * min(1.0, (self.step + 1) / warmup)
 
     def trajectory(self, s: _Sampled) -> dict[str, Any]:
         messages = s.messages or [
@@ -888,7 +903,7 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
             # Several jobs on one CPU host: more threads than the job's share of the cores make
             # OpenMP spin-wait against the others (a demo-model step measured 11 s at 2 threads
             # beside another process, 0.8 s at 1).
-            torch.set_num_threads(spec.cpu_threads)
+            set_cpu_threads(spec.cpu_threads)
         state = _Run(spec, queued, control)
         state.maybe_resume()
         state.sink.event(
@@ -957,7 +972,7 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
         if state is not None:
             with contextlib.suppress(Exception):
                 state.close()
-        torch.set_num_threads(threads_before)
+        set_cpu_threads(threads_before)
     if queued is not sink:
         try:
             queued.close()

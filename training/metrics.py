@@ -17,6 +17,8 @@ Timing: ``timing_s/{rollout,tools,reward,train,weight_sync,step}``; throughput:
 ``perf/rollout_tokens_per_s``, ``perf/num_tokens``.
 Held-out evaluation: ``eval/reward/mean``, ``eval/reward/sem`` (standard error of that mean),
 ``eval/reward/<domain>/mean``, ``eval/pass_rate``, ``eval/pass_rate/<domain>``.
+
+Events from the metrics: ``run.collapsed`` / ``run.collapse_recovered`` (`CollapseDetector`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["MAIN_METRICS", "SampleRecord", "eval_metrics", "sample_metrics"]
+__all__ = ["MAIN_METRICS", "CollapseDetector", "SampleRecord", "eval_metrics", "sample_metrics"]
 
 # What the CLI's live table shows, in this order.
 MAIN_METRICS = (
@@ -125,3 +128,59 @@ def eval_metrics(records: Iterable[SampleRecord]) -> dict[str, float]:
         out[f"eval/reward/{domain}/mean"] = _mean([r.reward for r in items])
         out[f"eval/pass_rate/{domain}"] = _mean([float(r.passed) for r in items])
     return out
+
+
+@dataclass
+class CollapseDetector:
+    """Tells when a run's policy has collapsed: it stopped exploring while still wrong.
+
+    GRPO-family estimators learn only from groups whose rewards differ. A policy that puts all
+    its mass on one answer per prompt (entropy near zero) gives groups of equal rewards, hence
+    no gradient, and it stays where it is for good even though most answers are wrong: what
+    ``actor/entropy`` falling to a small share of its first value, ``frac_reward_zero_std``
+    near 1 and ``pass_rate`` well short of solved look like together, for ``patience`` steps in
+    a row. A run that solved its tasks also has flat groups and low entropy, which is why the
+    pass rate is part of the test.
+
+    ``observe`` returns ``("run.collapsed", payload)`` on the step the run enters collapse,
+    ``("run.collapse_recovered", payload)`` when it leaves, and ``None`` otherwise.
+    """
+
+    entropy_share: float = 0.1
+    flat_fraction: float = 0.9
+    pass_rate_below: float = 0.9
+    patience: int = 3
+    initial_entropy: float | None = None
+    streak: int = 0
+    collapsed: bool = False
+
+    def observe(self, step: int, metrics: dict[str, float]) -> tuple[str, dict[str, Any]] | None:
+        entropy = metrics.get("actor/entropy")
+        flat = metrics.get("frac_reward_zero_std")
+        pass_rate = metrics.get("pass_rate")
+        if entropy is None or flat is None or pass_rate is None or math.isnan(entropy):
+            return None
+        if self.initial_entropy is None:
+            self.initial_entropy = entropy
+        looks_collapsed = (
+            entropy <= self.entropy_share * self.initial_entropy
+            and flat >= self.flat_fraction
+            and pass_rate < self.pass_rate_below
+        )
+        self.streak = self.streak + 1 if looks_collapsed else 0
+        payload = {
+            "step": step,
+            "entropy": entropy,
+            "initial_entropy": self.initial_entropy,
+            "frac_reward_zero_std": flat,
+            "pass_rate": pass_rate,
+            "reward_mean": metrics.get("reward/mean"),
+            "steps": self.streak,
+        }
+        if not self.collapsed and self.streak >= self.patience:
+            self.collapsed = True
+            return "run.collapsed", payload
+        if self.collapsed and not looks_collapsed:
+            self.collapsed = False
+            return "run.collapse_recovered", payload
+        return None

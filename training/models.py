@@ -39,9 +39,10 @@ import torch
 
 from training.demo import CHAT_TEMPLATE, END, SPECIAL_TOKENS, demo_domains, user_prompt
 from training.demo.chat import PAD
+from training.threads import cpu_threads
 
 # Bump when the recipe changes so cached models built by an older recipe are rebuilt.
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5
 BUILD_RECORD = "demo_build.json"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,13 +73,14 @@ SIZES: dict[str, DemoModelSize] = {
         num_layers=3,
         intermediate_size=512,
         vocab_size=512,
-        # Measured on seed 0 (recipe 4; greedy, the domains' rubrics, 64 held-out tasks each):
-        # code 0.64, json_format 0.34 (the structure, seldom the total), arithmetic 0.03,
-        # parity at chance; tool calls copy the operands some of the time. "Some but not all",
-        # which leaves RL room to climb (tests/training/test_learning.py climbs parity).
-        warmup_steps=600,
+        # lr 5e-3 (recipe 4) sat at the edge: whether the model learned to copy digits from
+        # the prompt within the warm-up depended on the machine's rounding (it did on one
+        # machine; on an AVX-512 Xeon it never did, and no RL setting could then teach parity).
+        # At 2e-3 reading the last digit is learned by step 300-400 on every seed tried
+        # (0, 1, 2), copying follows. Measured levels: bench/README.md, "Demo model".
+        warmup_steps=800,
         batch_size=32,
-        learning_rate=5e-3,
+        learning_rate=2e-3,
     ),
     "bench": DemoModelSize(
         hidden_size=512,
@@ -94,6 +96,9 @@ SIZES: dict[str, DemoModelSize] = {
 MAX_POSITIONS = 512
 # Share of the warm-up examples a domain of warmup_weight 1 gets; copy drills fill what is left.
 FULL_DOMAIN_SHARE = 0.2
+# Share of the warm-up examples that drill reading a number's last digit (see
+# `_last_digit_drills`).
+LAST_DIGIT_SHARE = 0.05
 # Held-out tasks per domain in the build record's quick check (not part of the recipe).
 EVAL_PER_DOMAIN = 16
 
@@ -166,13 +171,8 @@ def build_demo_model(
     # One thread: the same bits on any machine (reductions split across threads round
     # differently), and no OpenMP spin-waiting on a loaded box, where it only costs time.
     # fork_rng: building must not move the caller's random stream (a trainer may call us).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            return _build(target, size, seed, settings, started, say)
-    finally:
-        torch.set_num_threads(threads)
+    with cpu_threads(1), torch.random.fork_rng(devices=[]):
+        return _build(target, size, seed, settings, started, say)
 
 
 def _build(
@@ -227,9 +227,28 @@ def _sft_corpus(n_examples: int, seed: int) -> list[tuple[str, str]]:
             math.ceil(n_examples * FULL_DOMAIN_SHARE * domain.warmup_weight), seed
         )
     ]
+    examples += _last_digit_drills(math.ceil(n_examples * LAST_DIGIT_SHARE), seed)
     examples += _copy_drills(n_examples - len(examples), seed)
     random.Random(seed).shuffle(examples)
     return examples
+
+
+def _last_digit_drills(n: int, seed: int) -> list[tuple[str, str]]:
+    """ "What is the last digit of 4821?" -> \\boxed{1}: a feature that parity needs, not parity.
+
+    With parity's coin-flip labels alone, the model learns to ignore the number when it
+    answers, and whether RL could then find the last digit at all depended on the warm-up's
+    rounding (it did on one machine and never on another). Drills that read the last digit
+    into a boxed answer leave that feature at the answer position on every build; which digit
+    means "even" is still for the reward to teach.
+    """
+    rng = random.Random(f"last-digit:{seed}")
+    drills = []
+    for _ in range(max(0, n)):
+        number = rng.randint(0, 9999)
+        question = f"What is the last digit of {number}?"
+        drills.append((user_prompt(question), f"\\boxed{{{number % 10}}}" + END))
+    return drills
 
 
 def _copy_drills(n: int, seed: int) -> list[tuple[str, str]]:

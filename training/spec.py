@@ -14,6 +14,7 @@ Sections (all optional except ``base_model`` and ``domains``)::
       "seed": 0,
       "max_steps": 20,
       "lr": 1e-5,
+      "lr_warmup_steps": 0,                 # lr ramps linearly from lr/N to lr over N steps
       "algorithm": {"algorithm": "grpo", "clip_high": 0.28, ...},   # training.algorithms
       "kl": {"coef": 0.0, "estimator": "k3", "in_reward": false, "reference": true},
       "batch": {"prompts_per_step": 8, "group_size": 4, "micro_batch_tokens": 4096,
@@ -277,6 +278,10 @@ class RunSpec:
     seed: int = 0
     max_steps: int = 10
     lr: float = 1e-5
+    # The learning rate ramps up linearly over this many steps (verl's lr_warmup_steps): Adam's
+    # first updates move every weight by about lr whatever the gradient, and on a freshly
+    # warmed-up model that first jolt can break the answer format before any reward is read.
+    lr_warmup_steps: int = 0
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     kl: KLSpec = field(default_factory=KLSpec)
     batch: BatchSpec = field(default_factory=BatchSpec)
@@ -390,6 +395,7 @@ class RunSpec:
         seed = check.integer(data, "seed", "seed", 0, low=0)
         max_steps = check.integer(data, "max_steps", "max_steps", 10, low=0)
         lr = check.number(data, "lr", "lr", 1e-5, low=0.0)
+        lr_warmup_steps = check.integer(data, "lr_warmup_steps", "lr_warmup_steps", 0, low=0)
 
         algorithm = _algorithm(check, data)
         kl = _kl(check, check.section(data, "kl", "kl"))
@@ -418,6 +424,7 @@ class RunSpec:
             seed=seed,
             max_steps=max_steps,
             lr=lr,
+            lr_warmup_steps=lr_warmup_steps,
             algorithm=algorithm,
             kl=kl,
             batch=batch,

@@ -1,13 +1,19 @@
-"""Proof that the loop learns: GRPO on the demo model raises the held-out mean reward of a demo
-domain under that domain's own rubric; the same run with the learning rate at 0 leaves it
-exactly where it started.
+"""Proof that the loop learns, on any seed and whatever the low bits: GRPO on the demo model
+raises the held-out mean reward of a demo domain under that domain's own rubric; the same run
+with the learning rate at 0 leaves it exactly where it started.
 
 Domain: ``parity`` ("Is 4821 even or odd?", exact match on the boxed answer). Its warm-up
-demonstrations have coin-flip labels, so the base model knows the answer format but not the
-skill: whatever the held-out reward rises to, only the rubric's signal through the loop can
-have taught it, and it must hold on numbers the run never saw (held-out split). The held-out
-set has as many even numbers as odd ones, so a model that gives one answer to everything scores
-exactly 0.5 and cannot pass for one that learned.
+demonstrations have coin-flip labels, so the base model knows the answer format (and, from
+other drills, how to read a number's last digit) but not the skill: whatever the held-out
+reward rises to, only the rubric's signal through the loop can have taught it, and it must hold
+on numbers the run never saw (held-out split). The held-out set has as many even numbers as odd
+ones, so a model that gives one answer to everything scores exactly 0.5 and cannot pass for
+one that learned.
+
+Robustness: the spec is `training.presets.learning_run_dict`, measured to learn on every seed
+tried (``bench/bench_learning.py``; bench/README.md). Each case here is another seed *and*
+another micro-batch split, which changes the order of floating-point reductions as another
+machine's kernels would; a spec that learned only on one trajectory fails here.
 
 Margin: the held-out set is 64 test-split tasks answered greedily. Its mean is a sample mean,
 so the rise must exceed 3 standard errors of the difference of the two means
@@ -24,50 +30,7 @@ import math
 import pytest
 
 from training import ListSink, RunSpec, StaticControl, run
-
-STEPS = 32
-HELD_OUT = 64
-
-
-def balanced_held_out(domain, n):
-    """``n`` test-split tasks, half with each answer."""
-    tasks = domain.make_tasks(4 * n, seed=0, split="test")
-    by_answer = {
-        answer: [t for t in tasks if t["ground_truth"] == answer] for answer in ("even", "odd")
-    }
-    return by_answer["even"][: n // 2] + by_answer["odd"][: n // 2]
-
-
-def learning_spec(model_dir, lr, steps):
-    from training.demo.domains import get_domain
-
-    parity = get_domain("parity")
-    return RunSpec.from_dict(
-        {
-            "name": f"learn-lr{lr}",
-            "base_model": str(model_dir),
-            "seed": 0,
-            "max_steps": steps,
-            "lr": lr,
-            "algorithm": {"algorithm": "grpo"},
-            "kl": {"coef": 0.0, "reference": False},
-            "batch": {"prompts_per_step": 16, "group_size": 8, "micro_batch_tokens": 4096},
-            # Hotter than 1: more groups hold both answers, so more of each batch teaches.
-            "sampling": {"temperature": 1.2, "max_new_tokens": parity.max_new_tokens},
-            "domains": [
-                {
-                    "name": "parity",
-                    "rubric_spec": parity.rubric_spec,
-                    "tasks": parity.make_tasks(512, seed=0, split="train"),
-                    "eval_tasks": balanced_held_out(parity, HELD_OUT),
-                }
-            ],
-            "eval": {"tasks_per_domain": HELD_OUT, "greedy": True},
-            "deepspeed": {"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0},
-            "rollout": {"engine": "hf"},
-            "checkpoint": {"save_final": False, "resume": "none"},
-        }
-    )
+from training.presets import learning_run_dict
 
 
 def held_out(outcome):
@@ -77,11 +40,14 @@ def held_out(outcome):
 
 
 @pytest.mark.slow
-def test_grpo_raises_held_out_reward_and_lr_zero_does_not():
-    from training.models import ensure_demo_model
-
-    model_dir = ensure_demo_model()
-    learned = run(learning_spec(model_dir, 1e-3, steps=STEPS), ListSink(), StaticControl())
+@pytest.mark.parametrize(
+    ("seed", "micro_batch_tokens"), [(0, 4096), (1, 512), (2, 1536)], ids=["s0", "s1", "s2"]
+)
+def test_grpo_raises_held_out_parity_on_every_seed_and_micro_batch_split(seed, micro_batch_tokens):
+    data = learning_run_dict("parity", algorithm="grpo", seed=seed)
+    data["batch"]["micro_batch_tokens"] = micro_batch_tokens
+    sink = ListSink()
+    learned = run(RunSpec.from_dict(data), sink, StaticControl())
     assert learned.status == "completed", learned.error
     before, after = held_out(learned)
     # The base answers at chance on the balanced set: it knows the format, not the skill.
@@ -89,16 +55,23 @@ def test_grpo_raises_held_out_reward_and_lr_zero_does_not():
     rise = after["eval/reward/mean"] - before["eval/reward/mean"]
     standard_error = math.hypot(before["eval/reward/sem"], after["eval/reward/sem"])
     assert rise > max(3 * standard_error, 0.25), (before, after)
+    assert "run.collapsed" not in sink.event_kinds()
 
+
+@pytest.mark.slow
+def test_lr_zero_leaves_the_weights_and_the_held_out_reward_unchanged():
+    from transformers import AutoModelForCausalLM
+
+    from training.loop import _parameter_digest
+    from training.models import ensure_demo_model
+
+    data = learning_run_dict("parity", steps=3)
+    data["lr"] = 0.0
     frozen_sink = ListSink()
-    frozen = run(learning_spec(model_dir, 0.0, steps=3), frozen_sink, StaticControl())
+    frozen = run(RunSpec.from_dict(data), frozen_sink, StaticControl())
     assert frozen.status == "completed", frozen.error
     before, after = held_out(frozen)
     assert after["eval/reward/mean"] == before["eval/reward/mean"]
     assert frozen_sink.metrics_at(1)["actor/grad_norm"] > 0  # gradients flowed; lr 0 kept them out
-    from transformers import AutoModelForCausalLM
-
-    from training.loop import _parameter_digest
-
-    base = _parameter_digest(AutoModelForCausalLM.from_pretrained(model_dir))
+    base = _parameter_digest(AutoModelForCausalLM.from_pretrained(ensure_demo_model()))
     assert dict(frozen_sink.events)["run.completed"]["parameter_digests"] == [base]

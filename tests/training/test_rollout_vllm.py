@@ -72,6 +72,29 @@ def test_starting_the_engine_leaves_torch_threads_to_the_trainer(vllm_engine):
     assert torch.get_num_threads() == vllm_engine.threads_before
 
 
+def test_the_thread_budget_holds_after_vllm_has_replaced_torch_set_num_threads(
+    vllm_engine, tiny_model_dir, tmp_path
+):
+    # vLLM's CPU worker swaps torch.set_num_threads for a no-op in this process; a run's
+    # cpu_threads must still hold during the run and be given back at its end.
+    from tests.training.conftest import tiny_spec
+    from training.control import StaticControl
+    from training.loop import run
+    from training.sink import ListSink
+    from training.spec import RunSpec
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    torch.set_num_threads(wanted)
+    assert torch.get_num_threads() == before, "vLLM no longer patches torch.set_num_threads"
+    sink = ListSink()
+    spec = RunSpec.from_dict(tiny_spec(tiny_model_dir, tmp_path, max_steps=1, cpu_threads=wanted))
+    outcome = run(spec, sink, StaticControl())
+    assert outcome.status == "completed", outcome.error
+    assert sink.metrics_at(1)["perf/cpu_threads"] == wanted
+    assert torch.get_num_threads() == before
+
+
 def test_sampling_returns_n_seeded_samples_per_prompt(vllm_engine, prompts):
     sampling = SamplingConfig(temperature=1.0, n=4, max_new_tokens=16, seed=11)
     first = vllm_engine.generate(prompts[:3], sampling)

@@ -34,6 +34,7 @@ from training.rollout.base import (
     RolloutOutput,
     SamplingConfig,
 )
+from training.threads import set_cpu_threads
 from training.weight_sync import (
     NCCLWeightSender,
     WeightSyncError,
@@ -134,8 +135,9 @@ class VLLMEngine:
             self.llm: Any = LLM(**kwargs)
         if self.on_cpu and torch.get_num_threads() != threads:
             # vLLM's CPU worker drops torch to one thread "for serving"; in process, that would
-            # also slow the trainer that shares this process, so give the threads back.
-            torch.set_num_threads(threads)
+            # also slow the trainer that shares this process, so give the threads back (through
+            # the real setter: the worker has replaced torch.set_num_threads with a no-op).
+            set_cpu_threads(threads)
         self.tokenizer = self.llm.get_tokenizer()
         self.policy_version = 0
         self._sender: NCCLWeightSender | None = None
