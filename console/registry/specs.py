@@ -9,15 +9,16 @@ huge document (aliases) or build Python objects (safe_load already refuses those
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 import rewards
+from console.registry.jsonvalues import MAX_JSON_DEPTH, json_value_problem
 
 MAX_SOURCE_CHARS = 256 * 1024
+_TOO_DEEP = f"the spec is nested more than {MAX_JSON_DEPTH} levels deep"
 
 
 @dataclass(frozen=True)
@@ -45,24 +46,14 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _finite(value: Any) -> bool:
-    """Whether every number in the parsed document is finite (JSON has no NaN/Infinity, and a
-    weight of .inf would poison every total)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
-    return True
-
-
 def parse_source(source: str, source_format: str) -> tuple[Any, list[Issue]]:
     """The parsed document and the syntax problems (none when it parsed)."""
     if len(source) > MAX_SOURCE_CHARS:
         return None, [Issue("", f"the spec is longer than {MAX_SOURCE_CHARS:,} characters")]
     if not source.strip():
         return None, [Issue("", "the spec is empty")]
+    if "\x00" in source:
+        return None, [Issue("", "the spec contains a NUL character, which cannot be stored")]
     if source_format == "json":
         try:
             value = json.loads(source, parse_constant=_reject_constant)
@@ -72,6 +63,8 @@ def parse_source(source: str, source_format: str) -> tuple[Any, list[Issue]]:
             ]
         except ValueError as exc:
             return None, [Issue("", f"JSON syntax: {exc}")]
+        except RecursionError:
+            return None, [Issue("", _TOO_DEEP)]
     elif source_format == "yaml":
         try:
             value = yaml.load(source, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
@@ -81,10 +74,16 @@ def parse_source(source: str, source_format: str) -> tuple[Any, list[Issue]]:
             return None, [Issue("", f"YAML syntax: {exc.problem or exc.context}{where}")]
         except yaml.YAMLError as exc:
             return None, [Issue("", f"YAML syntax: {exc}")]
+        except RecursionError:
+            return None, [Issue("", _TOO_DEEP)]
+        except ValueError as exc:
+            # A scalar the constructor cannot convert, e.g. an integer of 5,000 digits.
+            return None, [Issue("", f"YAML value: {exc}")]
     else:
         return None, [Issue("", f"unknown format {source_format!r}; use json or yaml")]
-    if not _finite(value):
-        return None, [Issue("", "numbers must be finite (no NaN or infinity)")]
+    problem = json_value_problem(value)
+    if problem is not None:
+        return None, [Issue("", problem)]
     return value, []
 
 

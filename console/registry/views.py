@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import BadRequest, ValidationError
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
 from django.forms import Form
@@ -98,6 +98,17 @@ def _page(request: HttpRequest, items: QuerySet, size: int = PAGE_SIZE) -> Page:
     return Paginator(items, size).get_page(request.GET.get("page"))
 
 
+MAX_SEARCH_CHARS = 200
+
+
+def _search_query(request: HttpRequest) -> str:
+    """The list's search terms; a NUL character is a 400 (PostgreSQL refuses it in a query)."""
+    query = request.GET.get("q", "")
+    if "\x00" in query:
+        raise BadRequest("Search terms must not contain NUL characters.")
+    return query[:MAX_SEARCH_CHARS]
+
+
 def _validating(request: HttpRequest) -> bool:
     return bool(request.htmx) and request.POST.get("_validate") == "1"  # type: ignore[attr-defined]
 
@@ -146,7 +157,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 def domain_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
-    query = request.GET.get("q", "")
+    query = _search_query(request)
     page = _page(request, selectors.domain_list(team=membership.team, query=query))
     context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
     if request.htmx:  # type: ignore[attr-defined]
@@ -313,7 +324,7 @@ def domain_resplit(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def rubric_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
-    query = request.GET.get("q", "")
+    query = _search_query(request)
     page = _page(request, selectors.rubric_list(team=membership.team, query=query))
     context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
     if request.htmx:  # type: ignore[attr-defined]
@@ -509,7 +520,7 @@ def rubric_version_publish(request: HttpRequest, pk: int, number: int) -> HttpRe
 @require_GET
 def sandbox_image_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
-    query = request.GET.get("q", "")
+    query = _search_query(request)
     page = _page(request, selectors.sandbox_image_list(team=membership.team, query=query))
     context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
     if request.htmx:  # type: ignore[attr-defined]
