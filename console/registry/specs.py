@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from django.conf import settings
 
 import rewards
 from console.registry.jsonvalues import MAX_JSON_DEPTH, json_value_problem
@@ -99,9 +100,35 @@ def check_rubric_source(
     if issues:
         return None, issues
     spec_issues = [Issue(issue.path, issue.message) for issue in rewards.validate_spec(value)]
+    spec_issues += untrusted_functions(value) if not spec_issues else []
     if spec_issues:
         return None, spec_issues
     return value, []
+
+
+def _dotted(path: str) -> str:
+    return path.strip().replace(":", ".")
+
+
+def untrusted_functions(spec: dict[str, Any]) -> list[Issue]:
+    """An issue for every `python_function` criterion naming a function outside the
+    TRUSTED_REWARD_FUNCTIONS setting: such a criterion imports and calls whatever module it
+    names, so only what the deployment installed and listed may be named."""
+    trusted = {_dotted(path) for path in settings.TRUSTED_REWARD_FUNCTIONS}
+    issues = []
+    for index, criterion in enumerate(spec.get("criteria") or []):
+        if not isinstance(criterion, dict) or criterion.get("kind") != "python_function":
+            continue
+        function = str((criterion.get("params") or {}).get("function", ""))
+        if _dotted(function) not in trusted:
+            issues.append(
+                Issue(
+                    f"criteria[{index}].params.function",
+                    f"{function!r} is not a trusted reward function (TRUSTED_REWARD_FUNCTIONS); "
+                    "an operator must list it, or put your own code in a sandboxed_function",
+                )
+            )
+    return issues
 
 
 def criterion_kinds() -> Any:
@@ -114,19 +141,3 @@ def render_source(spec: dict[str, Any], source_format: str) -> str:
     if source_format == "yaml":
         return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
     return json.dumps(spec, indent=2, ensure_ascii=False)
-
-
-def score_sample(
-    spec: dict[str, Any], *, domain: str, prompt: str, completion: str, ground_truth: Any
-) -> dict[str, Any]:
-    """Score one hand-written sample with a rubric spec, exactly as a run would (the same
-    `rewards.Rubric`); criteria that fail report their error in the details, not here."""
-    rubric = rewards.Rubric.from_spec(spec)
-    sample = rewards.Sample(
-        domain=domain, prompt=prompt, completion=completion, ground_truth=ground_truth
-    )
-    result: dict[str, Any] = rubric.score(sample).to_dict()
-    result["details_json"] = json.dumps(
-        result["details"], indent=2, ensure_ascii=False, default=str
-    )
-    return result

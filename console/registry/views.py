@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.accounts.access import require_active_membership, require_team_role
 from console.accounts.models import Membership, Role
-from console.registry import forms, selectors, services, specs
+from console.registry import forms, scoring, selectors, services, specs
 from console.registry.models import (
     Domain,
     Rubric,
@@ -475,8 +475,9 @@ def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
 @login_required
 @require_POST
 def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    """Score a hand-written sample with this version (nothing is stored). Researchers only:
-    criteria may start sandboxes."""
+    """Score a hand-written sample with this version (nothing is stored), in a child process
+    (console.registry.scoring), never in the web process. Researchers only: criteria may start
+    sandboxes."""
     version, membership = _rubric_version_for(request, pk, number, Role.RESEARCHER)
     form = forms.TrySampleForm(request.POST)
     context: dict[str, Any] = {
@@ -486,12 +487,17 @@ def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpRespon
         "can_edit": _can_edit(membership),
     }
     if form.is_valid():
-        try:
-            context["result"] = specs.score_sample(
-                version.spec, domain=version.rubric.slug, **form.cleaned_data
-            )
-        except Exception as error:  # a broken spec or criterion must not break the page
-            context["try_error"] = f"{type(error).__name__}: {error}"
+        # Checked again: the version may predate today's TRUSTED_REWARD_FUNCTIONS.
+        _, issues = specs.check_rubric_source(version.source, version.source_format)
+        if issues:
+            context["try_error"] = "Not scored: " + "; ".join(str(issue) for issue in issues)
+        else:
+            try:
+                context["result"] = scoring.score_sample(
+                    version.spec, domain=version.rubric.slug, **form.cleaned_data
+                )
+            except scoring.ScoringFailed as failure:
+                context["try_error"] = str(failure)
     if request.htmx:  # type: ignore[attr-defined]
         return render(request, "registry/rubric_version.html#try", context)
     return render(request, "registry/rubric_version.html", context)
