@@ -40,6 +40,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    # So /api/docs renders ninja's template that loads the Swagger UI it ships (served with
+    # our static files) instead of its fallback that loads it from a CDN: offline it was blank.
+    "ninja",
     "template_partials",
     # The project package itself, for its management commands (seed_demo).
     "console",
