@@ -137,6 +137,16 @@ BAD_BODIES: list[Any] = [
     {"source": "\x00", "spec": {"a": [[[[]]]]}, "cpu": -1, "driver": "lxc"},
     [1, 2, 3],
 ]
+# Raw JSON text: numbers Python would not write (1e400 reads as infinity), NaN, huge ids.
+RAW_BAD_BODIES = [
+    '{"slug": "s", "title": "t", "default_mix_weight": 1e400, "held_out_fraction": NaN}',
+    '{"slug": "s", "title": "t", "rubric_id": 18446744073709551616, "sandbox_image_id": -1}',
+    '{"slug": "s", "title": "t", "memory_mb": 99999999999999999999999, "cpu": 1e400}',
+    '{"held_out_fraction": 0.5, "split_seed": -9223372036854775809}',
+    '{"source_format": "yaml", "source": "a: !!python/object:os.system {}"}',
+    '{"spec": {"version": 1, "criteria": [{"name": "x", "kind": "python_function", '
+    '"params": {"function": "os:system"}}]}}',
+]
 BAD_QUERIES = ["?limit=0", "?limit=9223372036854775808", "?offset=-1", "?q=%00", "?split=none"]
 
 
@@ -153,6 +163,9 @@ def test_owners_sending_bad_input_get_declared_answers(
             continue
         for body in BAD_BODIES:
             assert_declared(document, path, method, call(client, method, url, body))
+        for raw in RAW_BAD_BODIES:
+            response = client.generic(method.upper(), url, raw, content_type="application/json")
+            assert_declared(document, path, method, response)
         broken = client.generic(method.upper(), url, "{not json", content_type="application/json")
         assert_declared(document, path, method, broken)
 
