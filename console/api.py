@@ -6,6 +6,11 @@ that team through `api_membership(request)` and apply the same rules as the page
 console.accounts.access. Anonymous requests get 401.
 
 Routers use the API-wide auth by default; one that needs it explicitly can import `token_auth`.
+
+Every error answers `ErrorOut` (`{"detail": ..., "errors": {field: [messages]}}`), schema
+validation failures included, and every operation declares its error statuses through
+`answers(...)`, so the OpenAPI document matches what the API really sends. Lists page with
+`Pagination` (?limit= at most API_MAX_PAGE_SIZE, ?offset=).
 """
 
 from __future__ import annotations
