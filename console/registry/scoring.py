@@ -7,7 +7,8 @@ user of the console. So the sample is scored by `python -m rewards score`, the r
 library's own command and the same `Rubric` code a run uses, in a child process that:
 
 - starts in an empty temporary directory, with only the project on its import path and an
-  environment stripped of the console's settings (no SECRET_KEY, DATABASE_URL, REDIS_URL);
+  environment stripped of the console's settings (no SECRET_KEY, DATABASE_URL, REDIS_URL:
+  only PATH, HOME, locale and the SANDBOXES_/REWARDS_/HF_ variables pass);
 - has an address-space limit and a wall-clock deadline, after which its whole process group is
   killed;
 - runs `sandboxed_function` and other code criteria in their sandboxes, as a run does.
@@ -38,8 +39,10 @@ _CHILD = (
     "sys.argv[0] = 'rewards'\n"
     "runpy.run_module('rewards', run_name='__main__', alter_sys=True)\n"
 )
-# Variables the child may inherit: enough to find programs and decode text, nothing secret.
-_INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+# Variables the child may inherit: enough to find programs, decode text, find model caches
+# and configure the sandboxes and rewards libraries; none of the console's own settings.
+_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "XDG_CACHE_HOME")
+_INHERITED_PREFIXES = ("SANDBOXES_", "REWARDS_", "HF_", "TRANSFORMERS_")
 _MAX_ERROR_CHARS = 2000
 
 
@@ -48,9 +51,12 @@ class ScoringFailed(Exception):
 
 
 def _child_env(workdir: str) -> dict[str, str]:
-    env = {name: os.environ[name] for name in _INHERITED_ENV if name in os.environ}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name in _INHERITED_ENV or name.startswith(_INHERITED_PREFIXES)
+    }
     env.update(
-        HOME=workdir,
         TMPDIR=workdir,
         PYTHONPATH=str(settings.BASE_DIR),
         PYTHONDONTWRITEBYTECODE="1",
