@@ -64,7 +64,7 @@ class ErrorOut(Schema):
 ERROR_STATUSES = (400, 401, 403, 404, 422)
 
 
-def answers(ok: dict[int, Any], **special: Any) -> dict[int, Any]:
+def answers(ok: dict[int, Any]) -> dict[int, Any]:
     """An operation's `response=`: its own answers plus the errors every endpoint can give
     (400 unparsable body, 401 no token, 403 role too low, 404 not in your team, 422 invalid
     input), so the OpenAPI document lists every status the endpoint really answers with."""
