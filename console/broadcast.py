@@ -16,7 +16,6 @@ console/routing.py, and broadcast to `team_group(team.id, topic)`.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from typing import Any
 
@@ -135,10 +134,6 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_INVALID_PAYLOAD)
             return
         await self.receive_json(content, **kwargs)
-
-    @classmethod
-    async def decode_json(cls, text_data: str) -> Any:
-        return json.loads(text_data)
 
 
 class TeamGroupConsumer(SessionBoundConsumer):
