@@ -6,14 +6,22 @@ that team through `api_membership(request)` and apply the same rules as the page
 console.accounts.access. Anonymous requests get 401.
 
 Routers use the API-wide auth by default; one that needs it explicitly can import `token_auth`.
+
+Every error answers `ErrorOut` (`{"detail": ..., "errors": {field: [messages]}}`), schema
+validation failures included, and every operation declares its error statuses through
+`answers(...)`, so the OpenAPI document matches what the API really sends. Lists page with
+`Pagination` (?limit= at most API_MAX_PAGE_SIZE, ?offset=).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
-from ninja import NinjaAPI, Schema
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, NinjaAPI, Schema
+from ninja.errors import ValidationError
+from ninja.pagination import LimitOffsetPagination
 from ninja.security import HttpBearer
 
 from console.accounts.models import ApiToken, Membership
@@ -46,6 +54,42 @@ def api_membership(request: HttpRequest) -> Membership:
     return Membership.objects.select_related("team", "user").get(user=token.user, team=token.team)
 
 
+class ErrorOut(Schema):
+    """Every error answer: what went wrong, and for 422 the messages by field."""
+
+    detail: str
+    errors: dict[str, list[str]] = {}
+
+
+ERROR_STATUSES = (400, 401, 403, 404, 422)
+
+
+def answers(ok: dict[int, Any]) -> dict[int, Any]:
+    """An operation's `response=`: its own answers plus the errors every endpoint can give
+    (400 unparsable body, 401 no token, 403 role too low, 404 not in your team, 422 invalid
+    input), so the OpenAPI document lists every status the endpoint really answers with."""
+    declared: dict[int, Any] = {status: ErrorOut for status in ERROR_STATUSES}
+    declared.update(ok)
+    return declared
+
+
+API_MAX_PAGE_SIZE: int = settings.API_MAX_PAGE_SIZE
+# Far beyond any team's row count, and offset + limit still fits PostgreSQL's bigint.
+API_MAX_OFFSET = 2**40
+
+
+class Pagination(LimitOffsetPagination):
+    """limit/offset paging with a cap on the page size: an uncapped list once answered 52,000
+    tasks (58 MB) in one response. Values out of range are a 422, never a database error."""
+
+    class Input(Schema):
+        limit: int = Field(min(100, API_MAX_PAGE_SIZE), ge=1, le=API_MAX_PAGE_SIZE)
+        offset: int = Field(0, ge=0, le=API_MAX_OFFSET)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_limit=API_MAX_PAGE_SIZE, **kwargs)
+
+
 api = NinjaAPI(
     title="Post-training console API",
     version="1",
@@ -53,6 +97,25 @@ api = NinjaAPI(
     auth=token_auth,
     urls_namespace="api",
 )
+
+
+def _field_name(location: tuple[Any, ...] | list[Any]) -> str:
+    # ninja's locations start with the source and the parameter's name ("body", "payload",
+    # "slug"); the console names fields the way the services' errors do ("slug").
+    parts = [str(part) for part in location[2:]] or [str(part) for part in location[-1:]]
+    return ".".join(parts) or "body"
+
+
+@api.exception_handler(ValidationError)
+def validation_error(request: HttpRequest, error: ValidationError) -> HttpResponse:
+    """Input that fails the schema answers in the same ErrorOut shape as the services' 422s
+    (ninja's own shape, a list of pydantic errors, was not the one the document declared)."""
+    errors: dict[str, list[str]] = {}
+    for problem in error.errors:
+        errors.setdefault(_field_name(problem.get("loc", ())), []).append(
+            str(problem.get("msg", "invalid"))
+        )
+    return api.create_response(request, {"detail": "invalid input", "errors": errors}, status=422)
 
 
 class Me(Schema):
@@ -63,7 +126,7 @@ class Me(Schema):
     token: str
 
 
-@api.get("/me", response=Me, summary="Who the token acts as")
+@api.get("/me", response=answers({200: Me}), summary="Who the token acts as")
 def me(request: HttpRequest) -> dict[str, str]:
     membership = api_membership(request)
     token: Any = request.auth  # type: ignore[attr-defined]

@@ -4,20 +4,19 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
 from console.registry.asgi_limits import RequestBodyLimit  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
+from console.websocket_origin import SameOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Refuse an oversized body before Django spools it to disk (a 2 GB task set).
         "http": RequestBodyLimit(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # Same scheme, host and port as the page, or CSRF_TRUSTED_ORIGINS (not just the host).
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -15,6 +15,7 @@ console/routing.py, and broadcast to `team_group(team.id, topic)`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -27,12 +28,40 @@ from django.db import transaction
 logger = logging.getLogger(__name__)
 
 MESSAGE_TYPE = "broadcast.event"
+SESSION_ENDED_TYPE = "session.ended"
 STATUS_GROUP = "status"
+# Close codes: 4401 like HTTP 401 (no session, or it ended); 1003 and 1007 are the websocket
+# protocol's own "unsupported data" (a binary frame) and "invalid payload" (not JSON).
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_INVALID_PAYLOAD = 1007
 
 
 def team_group(team_id: int, topic: str) -> str:
     """The group for one team's `topic` (e.g. `runs`); group names allow [A-Za-z0-9._-]."""
     return f"team.{team_id}.{topic}"
+
+
+def session_group(session_key: str) -> str:
+    """The group of every websocket opened with one login session. Named by a digest, so the
+    session key itself (a credential) is never written to Redis."""
+    return "session." + hashlib.sha256(session_key.encode()).hexdigest()[:40]
+
+
+def session_ended(session_key: str | None) -> None:
+    """Close every websocket of a session that just ended (logout), so it stops receiving a
+    team's updates at once rather than until the browser closes the tab."""
+    if not session_key:
+        return
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(session_group(session_key), {"type": SESSION_ENDED_TYPE})
+    except Exception:
+        # The logout itself must succeed even with Redis away; the sockets then close when
+        # their next message finds no session (or when the browser leaves).
+        logger.exception("could not close the websockets of an ended session")
 
 
 def message(event: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +95,48 @@ def broadcast_on_commit(group: str, event: str, payload: dict[str, Any]) -> None
     transaction.on_commit(lambda: _broadcast_logged(group, event, payload))
 
 
-class TeamGroupConsumer(AsyncJsonWebsocketConsumer):
+class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
+    """Base of every console websocket: it belongs to the login session that opened it (and
+    is closed when that session logs out), and a frame it cannot read closes it with the
+    protocol's code instead of raising in the consumer. Browsers send nothing today; a
+    subclass that expects messages overrides `receive_json`."""
+
+    session_group_joined: str | None = None
+
+    async def join_session_group(self) -> None:
+        session = self.scope.get("session")
+        session_key = getattr(session, "session_key", None) if session is not None else None
+        if session_key:
+            self.session_group_joined = session_group(session_key)
+            await self.channel_layer.group_add(self.session_group_joined, self.channel_name)
+
+    async def leave_session_group(self) -> None:
+        if self.session_group_joined:
+            await self.channel_layer.group_discard(self.session_group_joined, self.channel_name)
+            self.session_group_joined = None
+
+    async def session_ended(self, message: dict[str, Any]) -> None:
+        # Leave the groups now: the server reports the disconnect only after the close
+        # handshake, and nothing more may be forwarded to a session that has ended.
+        # (disconnect() must therefore be safe to run twice.)
+        await self.disconnect(CLOSE_UNAUTHENTICATED)
+        await self.close(code=CLOSE_UNAUTHENTICATED)
+
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        if text_data is None:
+            await self.close(code=CLOSE_UNSUPPORTED_DATA)
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except (ValueError, RecursionError):
+            await self.close(code=CLOSE_INVALID_PAYLOAD)
+            return
+        await self.receive_json(content, **kwargs)
+
+
+class TeamGroupConsumer(SessionBoundConsumer):
     """Base for websockets that stream one team's updates: it authenticates, checks the
     membership, joins the groups and forwards every broadcast as JSON `{"event", **payload}`.
 
@@ -93,7 +163,7 @@ class TeamGroupConsumer(AsyncJsonWebsocketConsumer):
         self.groups_joined = []
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         url_kwargs = self.scope.get("url_route", {}).get("kwargs", {})
         team_id = await self.team_id_for(**url_kwargs)
@@ -108,12 +178,14 @@ class TeamGroupConsumer(AsyncJsonWebsocketConsumer):
         if not membership.has_role(self.min_role):
             await self.close(code=4403)
             return
+        await self.join_session_group()
         for group in await self.groups_for(team_id, url_kwargs):
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
+        await self.leave_session_group()
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []

@@ -40,6 +40,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    # So /api/docs renders ninja's template that loads the Swagger UI it ships (served with
+    # our static files) instead of its fallback that loads it from a CDN: offline it was blank.
+    "ninja",
     "template_partials",
     # The project package itself, for its management commands (seed_demo).
     "console",
@@ -119,6 +122,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
+# Every password check goes through the login throttle (console.accounts.throttle).
+AUTHENTICATION_BACKENDS = ["console.accounts.throttle.ThrottledModelBackend"]
+LOGIN_THROTTLE_WINDOW_S = env_int("LOGIN_THROTTLE_WINDOW_S", 15 * 60, minimum=1)
+LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5, minimum=1)
+LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20, minimum=1)
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
@@ -147,6 +155,16 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 TASKSET_MAX_UPLOAD_BYTES = env_int("TASKSET_MAX_UPLOAD_BYTES", 512 * 1024 * 1024, minimum=1)
 TASKSET_MAX_LINE_BYTES = env_int("TASKSET_MAX_LINE_BYTES", 1024 * 1024, minimum=1)
+# Rubrics may call installed reward functions (`python_function`) only from this list of
+# dotted paths, "package.module:function" (comma-separated in the environment). Anything else
+# a user names is refused when the rubric is saved: code users write goes in
+# `sandboxed_function`, which runs only in a sandbox.
+TRUSTED_REWARD_FUNCTIONS = env_list("TRUSTED_REWARD_FUNCTIONS", [])
+# "Try it on a sample" scores in a child process (console.registry.scoring) with these limits.
+TRY_SAMPLE_TIMEOUT_S = env_int("TRY_SAMPLE_TIMEOUT_S", 60, minimum=1)
+TRY_SAMPLE_MEMORY_BYTES = env_int("TRY_SAMPLE_MEMORY_BYTES", 4 * 1024**3, minimum=256 * 1024**2)
+# The most rows one API list answer holds (?limit= above it is a 422).
+API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 500, minimum=1)
 
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from console.accounts.models import ApiToken, Membership, Team
+from console.accounts.models import ApiToken, LoginFailure, Membership, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -27,4 +27,21 @@ class ApiTokenAdmin(admin.ModelAdmin):
     readonly_fields = ("name", "prefix", "user", "team", "created_at", "last_used_at")
 
     def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(LoginFailure)
+class LoginFailureAdmin(admin.ModelAdmin):
+    """Failed logins in the throttle window. Staff unlock an account or address by deleting
+    its rows; nobody adds or edits them here."""
+
+    list_display = ("username", "address", "at")
+    list_filter = ("at",)
+    search_fields = ("username", "address")
+    readonly_fields = ("username", "address", "at")
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False

@@ -71,3 +71,24 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class LoginFailure(models.Model):
+    """One failed password check, kept for the throttle window (console.accounts.throttle).
+
+    Stored in PostgreSQL rather than a per-process cache so that every web process sees the
+    same count, and a restart does not reset it."""
+
+    username = models.CharField(max_length=150)
+    address = models.GenericIPAddressField(null=True, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["username", "at"], name="login_failure_by_username"),
+            models.Index(fields=["address", "at"], name="login_failure_by_address"),
+            models.Index(fields=["at"], name="login_failure_by_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} from {self.address} at {self.at:%Y-%m-%d %H:%M:%S}"

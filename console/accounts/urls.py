@@ -5,7 +5,7 @@ from console.accounts import views
 
 app_name = "accounts"
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("team/", views.team_switch, name="team_switch"),
     path("tokens/", views.token_list, name="tokens"),

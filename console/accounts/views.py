@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.forms import Form
@@ -20,6 +21,7 @@ from console.accounts.access import (
 from console.accounts.forms import ApiTokenForm, MemberAddForm, MemberRoleForm, TeamSwitchForm
 from console.accounts.models import ApiToken, Membership, Role
 from console.accounts.selectors import team_members, user_api_tokens
+from console.accounts.throttle import client_address, login_wait_s, wait_message
 
 
 def _add_errors(form: Form, error: ValidationError) -> None:
@@ -28,6 +30,29 @@ def _add_errors(form: Form, error: ValidationError) -> None:
             form.add_error(field if field in form.fields else None, errors)
     else:
         form.add_error(None, error)
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login, saying clearly (429) when the throttle refuses, before any password is
+    checked. The throttle itself lives in the authentication backend, which refuses such a
+    login on every form, this one included."""
+
+    redirect_authenticated_user = True
+
+    def post(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        wait_s = login_wait_s(
+            username=request.POST.get("username"), address=client_address(request)
+        )
+        if wait_s > 0:
+            # An unbound form: binding it would run the password check this refusal skips.
+            form = self.get_form_class()(
+                request, initial={"username": request.POST.get("username")}
+            )
+            context = self.get_context_data(form=form, throttled=wait_message(wait_s))
+            response = self.render_to_response(context, status=429)
+            response["Retry-After"] = str(wait_s)
+            return response
+        return super().post(request, *args, **kwargs)
 
 
 @login_required

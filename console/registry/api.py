@@ -17,11 +17,12 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from console.accounts.models import Membership, Role
-from console.api import api_membership
+from console.api import ErrorOut, Pagination, answers, api_membership
 from console.registry import selectors, services, specs
+from console.registry.jsonvalues import json_value_problem
 from console.registry.models import (
     Domain,
     Rubric,
@@ -113,11 +114,6 @@ def _invalid(error: ValidationError | _Invalid) -> tuple[int, dict[str, Any]]:
 # --- schemas --------------------------------------------------------------------------------------
 
 
-class ErrorOut(Schema):
-    detail: str
-    errors: dict[str, list[str]] = {}
-
-
 class DomainOut(Schema):
     id: int
     slug: str
@@ -189,14 +185,19 @@ class UploadOut(Schema):
     domain: DomainOut
 
 
+SplitSeed = Field(0, ge=services.SPLIT_SEED_MIN, le=services.SPLIT_SEED_MAX)
+# Search terms: PostgreSQL refuses NUL in a query, so it is refused here as a 422.
+SEARCH = Query("", max_length=200, pattern=r"^[^\x00]*$")
+
+
 class SplitIn(Schema):
     held_out_fraction: float = Field(..., ge=0, le=1)
-    split_seed: int = 0
+    split_seed: int = SplitSeed
 
 
 class UploadParams(Schema):
     held_out_fraction: float = Field(0.1, ge=0, le=1)
-    split_seed: int = 0
+    split_seed: int = SplitSeed
     keep_valid_rows: bool = False
     filename: str = "tasks.jsonl"
 
@@ -323,24 +324,28 @@ def _spec_source(payload: SpecIn) -> tuple[str, str]:
     if payload.source is not None:
         return payload.source, payload.source_format
     assert payload.spec is not None
+    # Checked before rendering: json.dumps recurses, and a spec nested ~1000 deep overflows it.
+    problem = json_value_problem(payload.spec)
+    if problem is not None:
+        raise _Invalid({"spec": [problem]})
     return specs.render_source(payload.spec, payload.source_format), payload.source_format
 
 
 # --- domains --------------------------------------------------------------------------------------
 
 
-@router.get("/domains", response=list[DomainOut], summary="The team's domains")
-@paginate(LimitOffsetPagination)
-def domain_list(request: HttpRequest, q: str = "") -> Any:
+@router.get("/domains", response=answers({200: list[DomainOut]}), summary="The team's domains")
+@paginate(Pagination)
+def domain_list(request: HttpRequest, q: str = SEARCH) -> Any:
     return selectors.domain_list(team=_member(request).team, query=q)
 
 
-@router.get("/domains/{domain_id}", response=DomainOut)
+@router.get("/domains/{domain_id}", response=answers({200: DomainOut}))
 def domain_get(request: HttpRequest, domain_id: int) -> Any:
     return _domain(request, domain_id)
 
 
-@router.post("/domains", response={201: DomainOut, 422: ErrorOut})
+@router.post("/domains", response=answers({201: DomainOut, 422: ErrorOut}))
 def domain_create(request: HttpRequest, payload: DomainIn) -> Any:
     membership = _member(request, Role.RESEARCHER)
     try:
@@ -359,7 +364,7 @@ def domain_create(request: HttpRequest, payload: DomainIn) -> Any:
     return 201, domain
 
 
-@router.patch("/domains/{domain_id}", response={200: DomainOut, 422: ErrorOut})
+@router.patch("/domains/{domain_id}", response=answers({200: DomainOut, 422: ErrorOut}))
 def domain_update(request: HttpRequest, domain_id: int, payload: DomainPatch) -> Any:
     domain = _domain(request, domain_id, Role.RESEARCHER)
     membership = api_membership(request)
@@ -379,21 +384,28 @@ def domain_update(request: HttpRequest, domain_id: int, payload: DomainPatch) ->
 
 @router.post(
     "/domains/{domain_id}/split",
-    response=DomainOut,
+    response=answers({200: DomainOut}),
     summary="Re-draw the train/held-out split of the stored tasks",
 )
 def domain_resplit(request: HttpRequest, domain_id: int, payload: SplitIn) -> Any:
     domain = _domain(request, domain_id, Role.RESEARCHER)
-    return services.domain_resplit(
-        actor=request.user,
-        domain=domain,
-        held_out_fraction=payload.held_out_fraction,
-        split_seed=payload.split_seed,
-    )
+    try:
+        return 200, services.domain_resplit(
+            actor=request.user,
+            domain=domain,
+            held_out_fraction=payload.held_out_fraction,
+            split_seed=payload.split_seed,
+        )
+    except ValidationError as error:
+        return _invalid(error)
 
 
-@router.get("/domains/{domain_id}/tasks", response=list[TaskOut], summary="Tasks in file order")
-@paginate(LimitOffsetPagination)
+@router.get(
+    "/domains/{domain_id}/tasks",
+    response=answers({200: list[TaskOut]}),
+    summary="Tasks in file order",
+)
+@paginate(Pagination)
 def domain_tasks(
     request: HttpRequest, domain_id: int, split: Literal["", "train", "held_out"] = ""
 ) -> Any:
@@ -402,7 +414,7 @@ def domain_tasks(
 
 @router.post(
     "/domains/{domain_id}/tasks",
-    response={200: UploadOut, 413: ErrorOut, 422: UploadOut},
+    response=answers({200: UploadOut, 413: ErrorOut, 422: UploadOut | ErrorOut}),
     summary="Replace the task set with the JSONL request body",
     openapi_extra={
         "requestBody": {
@@ -499,21 +511,25 @@ def _with_versions(obj: Rubric | SandboxImage) -> dict[str, Any]:
     }
 
 
-@router.get("/rubrics", response=list[RubricOut], summary="The team's reward rubrics")
-@paginate(LimitOffsetPagination)
-def rubric_list(request: HttpRequest, q: str = "") -> Any:
+@router.get(
+    "/rubrics", response=answers({200: list[RubricOut]}), summary="The team's reward rubrics"
+)
+@paginate(Pagination)
+def rubric_list(request: HttpRequest, q: str = SEARCH) -> Any:
     rubrics = selectors.rubric_list(team=_member(request).team, query=q).prefetch_related(
         "versions"
     )
     return [_with_versions(rubric) for rubric in rubrics]
 
 
-@router.get("/rubrics/{rubric_id}", response=RubricOut)
+@router.get("/rubrics/{rubric_id}", response=answers({200: RubricOut}))
 def rubric_get(request: HttpRequest, rubric_id: int) -> Any:
     return _with_versions(_rubric(request, rubric_id))
 
 
-@router.post("/rubrics", response={201: RubricOut, 422: ErrorOut}, summary="Create (draft v1)")
+@router.post(
+    "/rubrics", response=answers({201: RubricOut, 422: ErrorOut}), summary="Create (draft v1)"
+)
 def rubric_create(request: HttpRequest, payload: RubricIn) -> Any:
     membership = _member(request, Role.RESEARCHER)
     try:
@@ -532,7 +548,7 @@ def rubric_create(request: HttpRequest, payload: RubricIn) -> Any:
     return 201, _with_versions(selectors.rubric_get(pk=rubric.pk))
 
 
-@router.patch("/rubrics/{rubric_id}", response={200: RubricOut, 422: ErrorOut})
+@router.patch("/rubrics/{rubric_id}", response=answers({200: RubricOut, 422: ErrorOut}))
 def rubric_update(request: HttpRequest, rubric_id: int, payload: MetaPatch) -> Any:
     rubric = _rubric(request, rubric_id, Role.RESEARCHER)
     values = {"slug": rubric.slug, "title": rubric.title, "description": rubric.description}
@@ -544,7 +560,7 @@ def rubric_update(request: HttpRequest, rubric_id: int, payload: MetaPatch) -> A
     return 200, _with_versions(selectors.rubric_get(pk=rubric.pk))
 
 
-@router.get("/rubrics/{rubric_id}/versions/{number}", response=RubricVersionOut)
+@router.get("/rubrics/{rubric_id}/versions/{number}", response=answers({200: RubricVersionOut}))
 def rubric_version_get(request: HttpRequest, rubric_id: int, number: int) -> Any:
     rubric = _rubric(request, rubric_id)
     try:
@@ -555,7 +571,7 @@ def rubric_version_get(request: HttpRequest, rubric_id: int, number: int) -> Any
 
 @router.post(
     "/rubrics/{rubric_id}/draft",
-    response={200: RubricVersionOut, 422: ErrorOut},
+    response=answers({200: RubricVersionOut, 422: ErrorOut}),
     summary="Save the draft (a new draft version if the latest is published)",
 )
 def rubric_save_draft(request: HttpRequest, rubric_id: int, payload: SpecIn) -> Any:
@@ -574,7 +590,7 @@ def rubric_save_draft(request: HttpRequest, rubric_id: int, payload: SpecIn) -> 
 
 @router.post(
     "/rubrics/{rubric_id}/versions/{number}/publish",
-    response={200: RubricVersionOut, 409: ErrorOut, 422: ErrorOut},
+    response=answers({200: RubricVersionOut, 409: ErrorOut, 422: ErrorOut}),
 )
 def rubric_version_publish(request: HttpRequest, rubric_id: int, number: int) -> Any:
     rubric = _rubric(request, rubric_id, Role.RESEARCHER)
@@ -594,21 +610,23 @@ def rubric_version_publish(request: HttpRequest, rubric_id: int, number: int) ->
 # --- sandbox images -------------------------------------------------------------------------------
 
 
-@router.get("/sandbox-images", response=list[SandboxImageOut], summary="The team's images")
-@paginate(LimitOffsetPagination)
-def sandbox_image_list(request: HttpRequest, q: str = "") -> Any:
+@router.get(
+    "/sandbox-images", response=answers({200: list[SandboxImageOut]}), summary="The team's images"
+)
+@paginate(Pagination)
+def sandbox_image_list(request: HttpRequest, q: str = SEARCH) -> Any:
     images = selectors.sandbox_image_list(team=_member(request).team, query=q).prefetch_related(
         "versions"
     )
     return [_with_versions(image) for image in images]
 
 
-@router.get("/sandbox-images/{image_id}", response=SandboxImageOut)
+@router.get("/sandbox-images/{image_id}", response=answers({200: SandboxImageOut}))
 def sandbox_image_get(request: HttpRequest, image_id: int) -> Any:
     return _with_versions(_image(request, image_id))
 
 
-@router.post("/sandbox-images", response={201: SandboxImageOut, 422: ErrorOut})
+@router.post("/sandbox-images", response=answers({201: SandboxImageOut, 422: ErrorOut}))
 def sandbox_image_create(request: HttpRequest, payload: SandboxImageIn) -> Any:
     membership = _member(request, Role.RESEARCHER)
     values = payload.dict()
@@ -622,7 +640,7 @@ def sandbox_image_create(request: HttpRequest, payload: SandboxImageIn) -> Any:
     return 201, _with_versions(selectors.sandbox_image_get(pk=image.pk))
 
 
-@router.patch("/sandbox-images/{image_id}", response={200: SandboxImageOut, 422: ErrorOut})
+@router.patch("/sandbox-images/{image_id}", response=answers({200: SandboxImageOut, 422: ErrorOut}))
 def sandbox_image_update(request: HttpRequest, image_id: int, payload: MetaPatch) -> Any:
     image = _image(request, image_id, Role.RESEARCHER)
     values = {"slug": image.slug, "title": image.title, "description": image.description}
@@ -634,7 +652,9 @@ def sandbox_image_update(request: HttpRequest, image_id: int, payload: MetaPatch
     return 200, _with_versions(selectors.sandbox_image_get(pk=image.pk))
 
 
-@router.get("/sandbox-images/{image_id}/versions/{number}", response=SandboxVersionOut)
+@router.get(
+    "/sandbox-images/{image_id}/versions/{number}", response=answers({200: SandboxVersionOut})
+)
 def sandbox_image_version_get(request: HttpRequest, image_id: int, number: int) -> Any:
     image = _image(request, image_id)
     try:
@@ -645,7 +665,7 @@ def sandbox_image_version_get(request: HttpRequest, image_id: int, number: int) 
 
 @router.post(
     "/sandbox-images/{image_id}/draft",
-    response={200: SandboxVersionOut, 422: ErrorOut},
+    response=answers({200: SandboxVersionOut, 422: ErrorOut}),
     summary="Save the draft (a new draft version if the latest is published)",
 )
 def sandbox_image_save_draft(request: HttpRequest, image_id: int, payload: SandboxValues) -> Any:
@@ -663,7 +683,7 @@ def sandbox_image_save_draft(request: HttpRequest, image_id: int, payload: Sandb
 
 @router.post(
     "/sandbox-images/{image_id}/versions/{number}/publish",
-    response={200: SandboxVersionOut, 409: ErrorOut},
+    response=answers({200: SandboxVersionOut, 409: ErrorOut}),
 )
 def sandbox_image_version_publish(request: HttpRequest, image_id: int, number: int) -> Any:
     image = _image(request, image_id, Role.RESEARCHER)

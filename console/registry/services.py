@@ -90,11 +90,33 @@ def _check_slug(slug: str) -> None:
         )
 
 
+def _check_no_nul(name: str, value: str | None) -> None:
+    # PostgreSQL text cannot hold NUL: without this check the save fails as a server error.
+    if value and "\x00" in value:
+        raise ValidationError({name: "must not contain NUL characters"})
+
+
 def _check_title(title: str) -> None:
     if not (title or "").strip():
         raise ValidationError({"title": "a title is required"})
     if len(title) > 200:
         raise ValidationError({"title": "at most 200 characters"})
+    _check_no_nul("title", title)
+
+
+def _check_description(description: str) -> None:
+    _check_no_nul("description", description)
+
+
+SPLIT_SEED_MIN, SPLIT_SEED_MAX = -(2**63), 2**63 - 1
+
+
+def _check_split(held_out_fraction: float, split_seed: int) -> None:
+    if not (0 <= held_out_fraction <= 1):
+        raise ValidationError({"held_out_fraction": "must be between 0 and 1"})
+    # The seed is stored in a bigint column.
+    if not (SPLIT_SEED_MIN <= split_seed <= SPLIT_SEED_MAX):
+        raise ValidationError({"split_seed": "must be between -2^63 and 2^63-1"})
 
 
 def _save_unique(instance: models.Model, *, what: str, **save_kwargs: Any) -> None:
@@ -142,6 +164,7 @@ def domain_create(
 ) -> Domain:
     _check_slug(slug)
     _check_title(title)
+    _check_description(description)
     _check_weight(default_mix_weight)
     _check_domain_refs(team, rubric, sandbox_image)
     domain = Domain(
@@ -180,6 +203,7 @@ def domain_update(*, actor: Any, domain: Domain, **changes: Any) -> Domain:
         setattr(domain, name, value.strip() if name == "title" else value)
     _check_slug(domain.slug)
     _check_title(domain.title)
+    _check_description(domain.description)
     _check_weight(domain.default_mix_weight)
     _check_domain_refs(domain.team, domain.rubric, domain.sandbox_image)
     _save_unique(domain, what="domain")
@@ -235,8 +259,8 @@ def domain_upload_tasks(
     Rows stream into the table as they are read, so memory holds about one line, whatever the
     file's size.
     """
-    if not (0 <= held_out_fraction <= 1):
-        raise ValidationError({"held_out_fraction": "must be between 0 and 1"})
+    _check_split(held_out_fraction, split_seed)
+    _check_no_nul("filename", filename)
     limit = max_line_bytes or settings.TASKSET_MAX_LINE_BYTES
     result = UploadResult(stored=False)
     try:
@@ -376,8 +400,7 @@ def domain_resplit(
     """Re-draw the train/held-out split of the stored tasks with a new fraction or seed, in one
     UPDATE (PostgreSQL computes the same hash as the upload does). Rows whose split the file
     named keep it."""
-    if not (0 <= held_out_fraction <= 1):
-        raise ValidationError({"held_out_fraction": "must be between 0 and 1"})
+    _check_split(held_out_fraction, split_seed)
     locked = Domain.objects.select_for_update().get(pk=domain.pk)
     before = snapshot(locked)
     quote = connection.ops.quote_name
@@ -461,6 +484,7 @@ def rubric_create(
 ) -> Rubric:
     _check_slug(slug)
     _check_title(title)
+    _check_description(description)
     spec = _checked_spec(source, source_format)
     rubric = Rubric(
         team=team, slug=slug, title=title.strip(), description=description, created_by=actor
@@ -491,6 +515,7 @@ def rubric_update(*, actor: Any, rubric: Rubric, slug: str, title: str, descript
     before = snapshot(rubric)
     _check_slug(slug)
     _check_title(title)
+    _check_description(description)
     rubric.slug, rubric.title, rubric.description = slug, title.strip(), description
     _save_unique(rubric, what="rubric")
     after = snapshot(rubric)
@@ -649,6 +674,7 @@ def sandbox_image_create(
 ) -> SandboxImage:
     _check_slug(slug)
     _check_title(title)
+    _check_description(description)
     values = _checked_sandbox_values(version_values)
     image = SandboxImage(
         team=team, slug=slug, title=title.strip(), description=description, created_by=actor
@@ -674,6 +700,7 @@ def sandbox_image_update(
     before = snapshot(image)
     _check_slug(slug)
     _check_title(title)
+    _check_description(description)
     image.slug, image.title, image.description = slug, title.strip(), description
     _save_unique(image, what="sandbox image")
     after = snapshot(image)

@@ -9,15 +9,17 @@ huge document (aliases) or build Python objects (safe_load already refuses those
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from django.conf import settings
 
 import rewards
+from console.registry.jsonvalues import MAX_JSON_DEPTH, json_value_problem
 
 MAX_SOURCE_CHARS = 256 * 1024
+_TOO_DEEP = f"the spec is nested more than {MAX_JSON_DEPTH} levels deep"
 
 
 @dataclass(frozen=True)
@@ -45,24 +47,14 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _finite(value: Any) -> bool:
-    """Whether every number in the parsed document is finite (JSON has no NaN/Infinity, and a
-    weight of .inf would poison every total)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
-    return True
-
-
 def parse_source(source: str, source_format: str) -> tuple[Any, list[Issue]]:
     """The parsed document and the syntax problems (none when it parsed)."""
     if len(source) > MAX_SOURCE_CHARS:
         return None, [Issue("", f"the spec is longer than {MAX_SOURCE_CHARS:,} characters")]
     if not source.strip():
         return None, [Issue("", "the spec is empty")]
+    if "\x00" in source:
+        return None, [Issue("", "the spec contains a NUL character, which cannot be stored")]
     if source_format == "json":
         try:
             value = json.loads(source, parse_constant=_reject_constant)
@@ -72,6 +64,8 @@ def parse_source(source: str, source_format: str) -> tuple[Any, list[Issue]]:
             ]
         except ValueError as exc:
             return None, [Issue("", f"JSON syntax: {exc}")]
+        except RecursionError:
+            return None, [Issue("", _TOO_DEEP)]
     elif source_format == "yaml":
         try:
             value = yaml.load(source, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
@@ -81,10 +75,16 @@ def parse_source(source: str, source_format: str) -> tuple[Any, list[Issue]]:
             return None, [Issue("", f"YAML syntax: {exc.problem or exc.context}{where}")]
         except yaml.YAMLError as exc:
             return None, [Issue("", f"YAML syntax: {exc}")]
+        except RecursionError:
+            return None, [Issue("", _TOO_DEEP)]
+        except ValueError as exc:
+            # A scalar the constructor cannot convert, e.g. an integer of 5,000 digits.
+            return None, [Issue("", f"YAML value: {exc}")]
     else:
         return None, [Issue("", f"unknown format {source_format!r}; use json or yaml")]
-    if not _finite(value):
-        return None, [Issue("", "numbers must be finite (no NaN or infinity)")]
+    problem = json_value_problem(value)
+    if problem is not None:
+        return None, [Issue("", problem)]
     return value, []
 
 
@@ -100,9 +100,35 @@ def check_rubric_source(
     if issues:
         return None, issues
     spec_issues = [Issue(issue.path, issue.message) for issue in rewards.validate_spec(value)]
+    spec_issues += untrusted_functions(value) if not spec_issues else []
     if spec_issues:
         return None, spec_issues
     return value, []
+
+
+def _dotted(path: str) -> str:
+    return path.strip().replace(":", ".")
+
+
+def untrusted_functions(spec: dict[str, Any]) -> list[Issue]:
+    """An issue for every `python_function` criterion naming a function outside the
+    TRUSTED_REWARD_FUNCTIONS setting: such a criterion imports and calls whatever module it
+    names, so only what the deployment installed and listed may be named."""
+    trusted = {_dotted(path) for path in settings.TRUSTED_REWARD_FUNCTIONS}
+    issues = []
+    for index, criterion in enumerate(spec.get("criteria") or []):
+        if not isinstance(criterion, dict) or criterion.get("kind") != "python_function":
+            continue
+        function = str((criterion.get("params") or {}).get("function", ""))
+        if _dotted(function) not in trusted:
+            issues.append(
+                Issue(
+                    f"criteria[{index}].params.function",
+                    f"{function!r} is not a trusted reward function (TRUSTED_REWARD_FUNCTIONS); "
+                    "an operator must list it, or put your own code in a sandboxed_function",
+                )
+            )
+    return issues
 
 
 def criterion_kinds() -> Any:
@@ -115,19 +141,3 @@ def render_source(spec: dict[str, Any], source_format: str) -> str:
     if source_format == "yaml":
         return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
     return json.dumps(spec, indent=2, ensure_ascii=False)
-
-
-def score_sample(
-    spec: dict[str, Any], *, domain: str, prompt: str, completion: str, ground_truth: Any
-) -> dict[str, Any]:
-    """Score one hand-written sample with a rubric spec, exactly as a run would (the same
-    `rewards.Rubric`); criteria that fail report their error in the details, not here."""
-    rubric = rewards.Rubric.from_spec(spec)
-    sample = rewards.Sample(
-        domain=domain, prompt=prompt, completion=completion, ground_truth=ground_truth
-    )
-    result: dict[str, Any] = rubric.score(sample).to_dict()
-    result["details_json"] = json.dumps(
-        result["details"], indent=2, ensure_ascii=False, default=str
-    )
-    return result

@@ -20,6 +20,8 @@ from typing import IO, Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from console.registry.jsonvalues import MAX_JSON_DEPTH, nested_too_deep
+
 ALLOWED_KEYS = ("prompt", "messages", "ground_truth", "metadata", "split")
 
 
@@ -39,6 +41,8 @@ class _TaskRow(msgspec.Struct, forbid_unknown_fields=True):
     metadata: dict[str, Any] = {}
     split: Literal["train", "held_out"] | UnsetType = UNSET
 
+
+_TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
 
 # How much of a too-long line is read at a time while skipping to its end.
 _SKIP_CHUNK = 64 * 1024
@@ -90,8 +94,11 @@ def split_hash(seed: int, index: int) -> int:
 def split_hash_sql(seed_param: str, index_column: str) -> str:
     """The same hash in PostgreSQL, for `seed_param` (a placeholder) and a column of indexes."""
     digits = SPLIT_HASH_BITS // 4
+    # The parentheses matter: `::` binds tighter than unary minus, so `-5::text` would be
+    # `-('5'::text)`, an error for every negative seed.
     return (
-        f"('x' || substr(md5({seed_param}::text || ':' || {index_column}::text), 1, {digits}))"
+        f"('x' || substr(md5(({seed_param})::bigint::text || ':' || {index_column}::text), "
+        f"1, {digits}))"
         f"::bit({SPLIT_HASH_BITS})::bigint"
     )
 
@@ -149,8 +156,15 @@ def parse_task(raw: bytes, line_number: int) -> ParsedTask | str:
     """The task on one line of UTF-8 JSON, or what is wrong with it."""
     try:
         value = msgspec.json.decode(raw)
+    except RecursionError:
+        return _TOO_DEEP
     except msgspec.DecodeError as exc:
         return _json_problem(raw, exc)
+    # A line with fewer brackets than the limit cannot be too deep: most lines skip the walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nested_too_deep(value):
+        # Checked before anything recurses over the value (the schema check, the NUL scan,
+        # and json.loads when the row is read back from the database).
+        return _TOO_DEEP
     try:
         msgspec.convert(value, _TaskRow)
     except msgspec.ValidationError as exc:

@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import BadRequest, ValidationError
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
 from django.forms import Form
@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.accounts.access import require_active_membership, require_team_role
 from console.accounts.models import Membership, Role
-from console.registry import forms, selectors, services, specs
+from console.registry import forms, scoring, selectors, services, specs
 from console.registry.models import (
     Domain,
     Rubric,
@@ -98,6 +98,17 @@ def _page(request: HttpRequest, items: QuerySet, size: int = PAGE_SIZE) -> Page:
     return Paginator(items, size).get_page(request.GET.get("page"))
 
 
+MAX_SEARCH_CHARS = 200
+
+
+def _search_query(request: HttpRequest) -> str:
+    """The list's search terms; a NUL character is a 400 (PostgreSQL refuses it in a query)."""
+    query = request.GET.get("q", "")
+    if "\x00" in query:
+        raise BadRequest("Search terms must not contain NUL characters.")
+    return query[:MAX_SEARCH_CHARS]
+
+
 def _validating(request: HttpRequest) -> bool:
     return bool(request.htmx) and request.POST.get("_validate") == "1"  # type: ignore[attr-defined]
 
@@ -146,7 +157,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 def domain_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
-    query = request.GET.get("q", "")
+    query = _search_query(request)
     page = _page(request, selectors.domain_list(team=membership.team, query=query))
     context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
     if request.htmx:  # type: ignore[attr-defined]
@@ -313,7 +324,7 @@ def domain_resplit(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def rubric_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
-    query = request.GET.get("q", "")
+    query = _search_query(request)
     page = _page(request, selectors.rubric_list(team=membership.team, query=query))
     context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
     if request.htmx:  # type: ignore[attr-defined]
@@ -464,8 +475,9 @@ def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
 @login_required
 @require_POST
 def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    """Score a hand-written sample with this version (nothing is stored). Researchers only:
-    criteria may start sandboxes."""
+    """Score a hand-written sample with this version (nothing is stored), in a child process
+    (console.registry.scoring), never in the web process. Researchers only: criteria may start
+    sandboxes."""
     version, membership = _rubric_version_for(request, pk, number, Role.RESEARCHER)
     form = forms.TrySampleForm(request.POST)
     context: dict[str, Any] = {
@@ -475,12 +487,17 @@ def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpRespon
         "can_edit": _can_edit(membership),
     }
     if form.is_valid():
-        try:
-            context["result"] = specs.score_sample(
-                version.spec, domain=version.rubric.slug, **form.cleaned_data
-            )
-        except Exception as error:  # a broken spec or criterion must not break the page
-            context["try_error"] = f"{type(error).__name__}: {error}"
+        # Checked again: the version may predate today's TRUSTED_REWARD_FUNCTIONS.
+        _, issues = specs.check_rubric_source(version.source, version.source_format)
+        if issues:
+            context["try_error"] = "Not scored: " + "; ".join(str(issue) for issue in issues)
+        else:
+            try:
+                context["result"] = scoring.score_sample(
+                    version.spec, domain=version.rubric.slug, **form.cleaned_data
+                )
+            except scoring.ScoringFailed as failure:
+                context["try_error"] = str(failure)
     if request.htmx:  # type: ignore[attr-defined]
         return render(request, "registry/rubric_version.html#try", context)
     return render(request, "registry/rubric_version.html", context)
@@ -509,7 +526,7 @@ def rubric_version_publish(request: HttpRequest, pk: int, number: int) -> HttpRe
 @require_GET
 def sandbox_image_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
-    query = request.GET.get("q", "")
+    query = _search_query(request)
     page = _page(request, selectors.sandbox_image_list(team=membership.team, query=query))
     context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
     if request.htmx:  # type: ignore[attr-defined]

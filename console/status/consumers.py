@@ -2,29 +2,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
-
-from console.broadcast import STATUS_GROUP
+from console.broadcast import CLOSE_UNAUTHENTICATED, STATUS_GROUP, SessionBoundConsumer
 from console.status.prober import prober
 
 
-class StatusConsumer(AsyncJsonWebsocketConsumer):
+class StatusConsumer(SessionBoundConsumer):
     """Forwards status snapshots to a logged-in browser. Anonymous handshakes are refused
-    (origin is checked by AllowedHostsOriginValidator in console.asgi)."""
+    (the origin is checked by SameOriginValidator in console.asgi)."""
 
     joined = False
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        await self.join_session_group()
         await self.channel_layer.group_add(STATUS_GROUP, self.channel_name)
         self.joined = True
         await self.accept()
         prober.subscribe()
 
     async def disconnect(self, code: int) -> None:
+        await self.leave_session_group()
         if self.joined:
             self.joined = False
             prober.unsubscribe()

@@ -10,6 +10,7 @@ ADMIN_PAGES = [
     "/admin/accounts/apitoken/",
     "/admin/audit/auditentry/",
     "/admin/status/workersighting/",
+    "/admin/accounts/loginfailure/",
 ]
 
 

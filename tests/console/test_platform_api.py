@@ -57,6 +57,19 @@ def test_the_api_docs_page_is_served(client, db):
     assert "openapi.json" in response.content.decode()
 
 
+def test_the_api_docs_page_loads_its_assets_from_this_server_not_a_cdn(client, db):
+    import re
+
+    from django.contrib.staticfiles import finders
+
+    page = client.get("/api/docs").content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert any(url.endswith("swagger-ui-bundle.js") for url in assets)
+    for url in assets:
+        assert url.startswith("/static/"), url
+        assert finders.find(url.removeprefix("/static/")), f"{url} is not a static file here"
+
+
 def test_the_registry_router_is_mounted_under_the_api(client, db):
     schema = client.get("/api/openapi.json").json()
     assert any(path.startswith("/api/registry/") for path in schema["paths"])

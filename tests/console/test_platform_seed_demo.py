@@ -37,4 +37,21 @@ def test_seed_demo_run_twice_changes_nothing_but_keeps_the_logins_working(db):
     assert Team.objects.filter(slug="demo-lab").get() == team
     assert Membership.objects.filter(team=team).count() == 3
     assert AuditEntry.objects.count() == entries
-    assert authenticate(username="admin", password="admin-demo-pass").is_staff
+    assert authenticate(username="admin", password="admin-demo-pass") is not None
+
+
+def test_the_demo_team_admin_administers_the_team_but_is_not_django_staff(db):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    # As an older seed left it: the team admin was a Django superuser.
+    get_user_model().objects.create_superuser("admin", "admin@demo.invalid", "x" * 12)
+    seed()
+    admin = get_user_model().objects.get(username="admin")
+    assert not admin.is_staff and not admin.is_superuser
+    client = Client()
+    client.force_login(admin)
+    assert client.get("/accounts/members/").status_code == 200
+    django_admin = client.get("/admin/registry/domain/")
+    assert django_admin.status_code == 302
+    assert django_admin["Location"].startswith("/admin/login/")

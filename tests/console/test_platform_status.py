@@ -114,7 +114,11 @@ def test_a_worker_shows_up_with_its_queues_and_then_down_when_it_stops(db):
 
 def session_headers(client) -> list[tuple[bytes, bytes]]:
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
-    return [(b"origin", b"http://testserver"), (b"cookie", cookie.encode())]
+    return [
+        (b"host", b"testserver"),
+        (b"origin", b"http://testserver"),
+        (b"cookie", cookie.encode()),
+    ]
 
 
 async def _connect(headers):
@@ -151,7 +155,9 @@ def test_a_logged_in_browser_receives_live_snapshots(client, settings):
 @pytest.mark.django_db(transaction=True)
 def test_an_anonymous_websocket_is_refused():
     async def scenario():
-        communicator, connected = await _connect([(b"origin", b"http://testserver")])
+        communicator, connected = await _connect(
+            [(b"host", b"testserver"), (b"origin", b"http://testserver")]
+        )
         await communicator.disconnect()
         return connected
 

@@ -38,13 +38,17 @@ class Command(BaseCommand):
     def seed_team(self) -> tuple[Team, dict[str, Any]]:
         user_model = get_user_model()
         users: dict[str, Any] = {}
-        for username, role, password in DEMO_USERS:
+        for username, _role, password in DEMO_USERS:
             user, _ = user_model.objects.get_or_create(
                 username=username, defaults={"email": f"{username}@demo.invalid"}
             )
             user.set_password(password)
-            # The demo admin also gets the Django admin (DESIGN: "the Django admin is for staff").
-            user.is_staff = user.is_superuser = role == Role.ADMIN
+            # A team admin manages one team's members inside the console; Django's staff and
+            # superuser flags open /admin/, which shows every team's objects. Team roles and
+            # staff status are different things, so no demo user is staff (a rerun also
+            # demotes one an older seed made superuser). Platform staff come from
+            # `manage.py createsuperuser`.
+            user.is_staff = user.is_superuser = False
             user.save(update_fields=["password", "is_staff", "is_superuser"])
             users[username] = user
         admin = users["admin"]
