@@ -70,17 +70,9 @@ def _json_codec():
             raise BadValue(f"{name} is not a value")
 
     scanner = _json.make_scanner(Context())  # type: ignore[arg-type]
-    encoder = _json.make_encoder(
-        None,
-        None,
-        _json.encode_basestring_ascii,
-        None,
-        ":",
-        ",",
-        False,
-        False,
-        False,  # type: ignore[arg-type]
-    )
+    # markers, default, encoder, indent, separators, sort_keys, skipkeys, allow_nan
+    arguments = (None, None, _json.encode_basestring_ascii, None, ":", ",", False, False, False)
+    encoder = _json.make_encoder(*arguments)  # type: ignore[arg-type]
 
     def dumps(value):
         return "".join(encoder(value, 0)).encode("ascii")
