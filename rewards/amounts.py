@@ -79,6 +79,19 @@ _MONTH_LEFT = re.compile(
 _HEDGE = re.compile(rf"^\s*[,(]?\s*(?:or(?:\s+maybe|\s+perhaps)?|[{_MINUS}—])\s*$", re.I)
 
 
+_RANGE_DASH = re.compile(rf"\d\s*(?:%|[kKmMbB]n?)?\s*[{_MINUS}—]\s*{_CURRENCY}?\s*$")
+_RANGE_BETWEEN = re.compile(rf"\bbetween\s+\S+\s+and\s+{_CURRENCY}?\s*$", re.I)
+_HYPHEN_BEFORE = re.compile(r"[A-Za-z]-$")
+_HYPHEN_AFTER = re.compile(r"-[A-Za-z]")
+_SLASH_BEFORE = re.compile(r"\d/\s*$")
+_SLASH_AFTER = re.compile(r"/\d")
+_SUFFIX = re.compile(
+    r"(?:thousand|million|billion|trillion|mn|bn|tn|mm|[kmbt]s?|x|bps|bp)(?![A-Za-z])", re.I
+)
+_FILLER = re.compile(rf"{_CURRENCY}|[{_MINUS}()$*~≈:=.,\s]|\\[$%]|approx(?:imately)?\.?")
+_FILLER_WORDS = re.compile(r"(?i)\b(?:about|around|roughly|dollars?|euros?|pounds?|usd|eur|gbp)\b")
+
+
 @dataclass(frozen=True)
 class Amount:
     value: Fraction
@@ -112,8 +125,9 @@ def read_amounts(text: str) -> tuple[Amount, ...]:
 def _read_one(text: str, match: re.Match[str]) -> Amount | None:
     start, end = match.span()
     core = match.group(0)
+    digits = core.replace(",", "")
     try:
-        value = Fraction(core.replace(",", ""))
+        value = Fraction(int(digits)) if digits.isdigit() else Fraction(digits)
     except (ValueError, ZeroDivisionError):
         return None
     head = text[max(0, start - 24) : start]
@@ -156,10 +170,7 @@ def _read_one(text: str, match: re.Match[str]) -> Amount | None:
     if opened and closed:
         negative = True
     kind = _kind(text, start, end, head, tail, value, core, currency, percent, scale)
-    range_end = bool(
-        re.search(rf"\d\s*(?:%|[kKmMbB]n?)?\s*[{_MINUS}—]\s*{_CURRENCY}?\s*$", head)
-        or re.search(r"\bbetween\s+\S+\s+and\s+" + _CURRENCY + r"?\s*$", head, re.I)
-    )
+    range_end = bool(_RANGE_DASH.search(head) or _RANGE_BETWEEN.search(head))
     if range_end:
         negative = False
     signed = -value * scale if negative else value * scale
@@ -196,28 +207,20 @@ def _kind(
         return "footnote"
     if _REFERENCE_LEFT.search(head):
         return "reference"
-    if re.search(r"[A-Za-z]-$", head) or re.match(r"-[A-Za-z]", tail):
+    if _HYPHEN_BEFORE.search(head) or _HYPHEN_AFTER.match(tail):
         return "period"  # hyphenated labels: COVID-19, 10-K
-    if (
-        tail[:1]
-        and _GLUED_WORD.match(tail[:1])
-        and not re.match(
-            r"(?:thousand|million|billion|trillion|mn|bn|tn|mm|[kmbt]s?|x|bps|bp)(?![A-Za-z])",
-            tail,
-            re.IGNORECASE,
-        )
-    ):
+    if tail[:1] and _GLUED_WORD.match(tail[:1]) and not _SUFFIX.match(tail):
         return "period"  # glued to a word: 3Q24, 1st, 5th
-    if re.search(r"\d/\s*$", head) or re.match(r"/\d", tail):
+    if _SLASH_BEFORE.search(head) or _SLASH_AFTER.match(tail):
         return "date"
     if _MONTH_LEFT.search(head):
         return "date"
     plain = not currency and not percent and scale == 1
     if _PERIOD_LEFT.search(head) and plain:
         return "period"
-    if plain and re.fullmatch(r"\d{4}", core) and 1900 <= value <= 2100:
+    if plain and len(core) == 4 and core.isdigit() and 1900 <= value <= 2100:
         return "year"
-    if head.endswith("'") and re.fullmatch(r"\d{2}", core):
+    if head.endswith("'") and len(core) == 2 and core.isdigit():
         return "year"
     return "amount"
 
@@ -231,8 +234,7 @@ def read_single_amount(text: str) -> Amount | None:
         return None
     amount = amounts[0]
     rest = (text[: amount.start] + " " + text[amount.end :]).strip()
-    rest = re.sub(rf"{_CURRENCY}|[{_MINUS}()$*~≈:=.,\s]|\\[$%]|approx(?:imately)?\.?", "", rest)
-    rest = re.sub(r"(?i)\b(?:about|around|roughly|dollars?|euros?|pounds?|usd|eur|gbp)\b", "", rest)
+    rest = _FILLER.sub("", _FILLER_WORDS.sub("", rest))
     return amount if not rest.strip() else None
 
 

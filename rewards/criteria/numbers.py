@@ -27,6 +27,7 @@ TOLERANCE_PROPERTIES: dict[str, Any] = {
         "description": "relative tolerance (0.01 = within 1%)",
     },
 }
+_PLAIN_NUMBER = re.compile(r"-?\d{1,15}(?:\.\d{1,15})?")
 PERCENT_SCHEMA: dict[str, Any] = {
     "type": "string",
     "enum": ["either", "fraction", "number"],
@@ -55,6 +56,8 @@ def same_number(
 def read_answer(text: str, cued: bool) -> tuple[ParsedNumber | None, list[ParsedNumber], Choice]:
     """The number a response's answer region states, the other readings it allows (for an
     ambiguous answer) and how it was chosen."""
+    if _PLAIN_NUMBER.fullmatch(text):  # the common case, "#### 42": no reading to do
+        return ParsedNumber(Fraction(text)), [], Choice(None)
     others: list[ParsedNumber] = []
     single = read_single_amount(text)
     if single is not None:
@@ -93,6 +96,8 @@ def _expected_number(value: Any) -> ParsedNumber:
     if isinstance(value, float):
         return ParsedNumber(Fraction(repr(value)))
     text = str(value)
+    if _PLAIN_NUMBER.fullmatch(text):
+        return ParsedNumber(Fraction(text))
     amount = read_single_amount(text)
     if amount is not None and amount.other_reading is None:
         return _parsed(amount)
@@ -213,6 +218,9 @@ def _table_values(text: str, label: str) -> list[tuple[int, Amount]]:
     return found
 
 
+_TO_FIGURE = re.compile(r"\s*,?\s*(?:to|at|reaching|for a total of)\s+", re.I)
+
+
 def _prose_value(window: str) -> Amount | None:
     """The value a label's sentence gives it: the first amount within `MAX_GAP` characters
     (years and other labels skipped); in "grew 15% to $5m" the figure, not the growth."""
@@ -222,7 +230,7 @@ def _prose_value(window: str) -> Amount | None:
     first = amounts[0]
     if first.percent and len(amounts) > 1:
         between = window[first.end : amounts[1].start]
-        if re.fullmatch(r"\s*,?\s*(?:to|at|reaching|for a total of)\s+", between, re.I):
+        if _TO_FIGURE.fullmatch(between):
             return amounts[1]
     return first
 
