@@ -661,11 +661,35 @@ def _compare(op, left, right):
 def _protect_self():
     """No other process of the sandbox (same uid) may read or write this one's memory or
     descriptors through /proc once it is non-dumpable."""
-    import ctypes
+    try:
+        result, errno = _prctl_without_ctypes(PR_SET_DUMPABLE, 0)
+    except Exception:  # noqa: BLE001 - the full ctypes below does the same, slower
+        import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+        libc = ctypes.CDLL(None, use_errno=True)
+        result = libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        errno = ctypes.get_errno()
+    if result != 0:
+        raise OSError(errno, "prctl(PR_SET_DUMPABLE) failed")
+
+
+def _prctl_without_ctypes(option, value):
+    """``prctl`` through `_ctypes` alone: importing the `ctypes` package costs a millisecond
+    and a half, more than the rest of a typical judge run."""
+    import _ctypes
+
+    class Int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    libc = _ctypes.dlopen(None, os.RTLD_NOW)  # type: ignore[arg-type]
+    prctl = Function(_ctypes.dlsym(libc, "prctl"))
+    prctl.argtypes = (Int, Int, Int, Int, Int)
+    _ctypes.set_errno(0)
+    return prctl(option, value, 0, 0, 0), _ctypes.get_errno()
 
 
 def _others_alive(me):
@@ -689,19 +713,20 @@ def _end_every_other_process(server_pid):
     import time
 
     me = os.getpid()
-    for _ in range(200):
+    for attempt in range(400):
         try:  # noqa: SIM105 - contextlib would cost an import in every judge
             os.kill(-1, _signal.SIGKILL)
         except OSError:
             pass
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+        if attempt == 0:
+            # The server, at least, is reaped here: waiting is cheaper than polling.
+            try:  # noqa: SIM105 - no contextlib import in the judge
+                os.waitpid(server_pid, 0)
+            except ChildProcessError:
                 pass
-        except ChildProcessError:
-            pass
         if not _others_alive(me):
             return True
-        time.sleep(0.005)
+        time.sleep(0.002)
     return False
 
 
@@ -780,7 +805,8 @@ def judge_main():
     data = "".join(out).encode("ascii")
     while data:
         data = data[os.write(records_fd, data) :]
-    return 0
+    # Nothing is buffered: skip the interpreter's teardown, a few milliseconds per sample.
+    os._exit(0)
 
 
 def _monotonic():
@@ -806,10 +832,14 @@ def _become_server(requests_read, replies_write, requests_write, replies_read):
         os.dup2(null, 0)
         os.dup2(2, 1)
         os.close(null)
-        keep = sorted((requests_read, replies_write))
-        os.closerange(3, keep[0])
-        os.closerange(keep[0] + 1, keep[1])
-        os.closerange(keep[1] + 1, 65536)
+        # Only the open ones (closing every possible number costs milliseconds).
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd > 2 and fd not in (requests_read, replies_write):
+                try:  # noqa: SIM105 - no contextlib import in the judge
+                    os.close(fd)
+                except OSError:
+                    pass  # the listing's own descriptor, already closed
         config = receive(requests_read)
         serve(requests_read, replies_write, config)
     except BaseException:  # noqa: BLE001, S110 - the judge sees the pipe close

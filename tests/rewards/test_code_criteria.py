@@ -200,3 +200,55 @@ def test_io_tests_read_codecontests_style_ground_truth():
         result = rubric.score(sample(fenced("n = int(input())\nprint(n + n)"), truth))
     assert result.total == 0.5
     assert result.details["c"]["cases"][1]["got"] == "10\n"
+
+
+def test_classes_in_place_changes_generators_and_exceptions_cross_to_the_judge():
+    code = (
+        "class Stack:\n"
+        "    def __init__(self):\n        self.items = []\n"
+        "    def push(self, x):\n        self.items.append(x)\n"
+        "    def pop(self):\n        return self.items.pop()\n"
+        "    def __len__(self):\n        return len(self.items)\n"
+        "def sort_in_place(xs):\n    xs.sort()\n"
+        "def evens(n):\n    return (i for i in range(n) if i % 2 == 0)\n"
+        "def safe_div(a, b=1):\n"
+        "    if b == 0:\n        raise ValueError('division by zero')\n"
+        "    return a / b\n"
+    )
+    tests = [
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2",
+        "s = Stack()\ns.push(5)\nassert len(s) == 1 and s.items == [5]",
+        "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
+        "assert list(evens(7)) == [0, 2, 4, 6]",
+        "assert safe_div(6, b=3) == 2.0",
+        "try:\n    safe_div(1, 0)\n    raise AssertionError('no error')\n"
+        "except ValueError:\n    pass",
+        "assert Stack() != Stack()",
+    ]
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        result = rubric.score(sample(fenced(code), tests))
+    assert result.total == 1.0, result.details["c"]["tests"]
+
+
+def test_a_test_the_judge_cannot_send_to_the_candidate_fails_with_the_reason():
+    code = "def apply(f, x):\n    return f(x)"
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        result = rubric.score(sample(fenced(code), ["assert apply(lambda v: v + 1, 1) == 2"]))
+    assert result.total == 0.0
+    assert "cannot be sent to the candidate" in result.details["c"]["tests"][0]["error"]
+
+
+def test_humaneval_ground_truth_names_its_entry_point():
+    truth = {
+        "test": "def check(candidate):\n    assert candidate('abc') == 'cba'\n",
+        "entry_point": "reverse",
+    }
+    code = (
+        "def helper(s):\n    return s[::-1]\n\n"
+        "def reverse(s):\n    return helper(s)\n\n"
+        "def noise():\n    pass"
+    )
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        assert rubric.score(sample(fenced(code), truth)).total == 1.0
+        wrong = rubric.score(sample(fenced(code.replace("[::-1]", "")), truth))
+    assert wrong.total == 0.0
