@@ -57,7 +57,10 @@ def read_answer(text: str, cued: bool) -> tuple[ParsedNumber | None, list[Parsed
     """The number a response's answer region states, the other readings it allows (for an
     ambiguous answer) and how it was chosen."""
     if _PLAIN_NUMBER.fullmatch(text):  # the common case, "#### 42": no reading to do
-        return ParsedNumber(Fraction(text)), [], Choice(None)
+        # parse_number's cache is shared with math_equivalence, which read the same text.
+        plain = parse_number(text)
+        if plain is not None:
+            return plain, [], Choice(None)
     others: list[ParsedNumber] = []
     single = read_single_amount(text)
     if single is not None:
@@ -97,7 +100,9 @@ def _expected_number(value: Any) -> ParsedNumber:
         return ParsedNumber(Fraction(repr(value)))
     text = str(value)
     if _PLAIN_NUMBER.fullmatch(text):
-        return ParsedNumber(Fraction(text))
+        plain = parse_number(text)
+        if plain is not None:
+            return plain
     amount = read_single_amount(text)
     if amount is not None and amount.other_reading is None:
         return _parsed(amount)
