@@ -56,7 +56,7 @@ from hashlib import blake2b
 from typing import Any, ClassVar
 
 from rewards.registry import Criterion, ParamProblem, register
-from rewards.sandbox_scripts import script_text
+from rewards.sandbox_scripts import BOOT, script_bytecode, script_text
 from rewards.sandboxing import IMAGE_RUFF, ScoringState, fresh_dir, run_in, tail
 from rewards.types import CriterionError, Outcome, Sample
 
@@ -334,8 +334,13 @@ def _base_name(node: ast.expr) -> str:
     return ""
 
 
-def _runner_files(code: str) -> dict[str, str]:
-    return {"solution.py": code, "runner.py": script_text("runner.py")}
+def _runner_files(code: str) -> dict[str, str | bytes]:
+    return {
+        "solution.py": code,
+        "runner.py": script_text("runner.py"),
+        "runner.pyc": script_bytecode("runner.py"),
+        "boot.py": BOOT,
+    }
 
 
 def _python(script: str = "runner.py") -> list[str]:
@@ -398,7 +403,7 @@ def run_judge(
         state.sandbox(),
         fresh_dir(prefix),
         _runner_files(code),
-        [*_python(), "judge"],
+        [*_python("boot.py"), "runner.pyc", "runner.py", "judge"],
         stdin=json.dumps(request),
         timeout=timeout_s,
     )

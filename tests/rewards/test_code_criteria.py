@@ -252,3 +252,12 @@ def test_humaneval_ground_truth_names_its_entry_point():
         assert rubric.score(sample(fenced(code), truth)).total == 1.0
         wrong = rubric.score(sample(fenced(code.replace("[::-1]", "")), truth))
     assert wrong.total == 0.0
+
+
+def test_a_sandbox_python_of_another_bytecode_version_runs_the_judge_from_source(monkeypatch):
+    import rewards.criteria.code as code_module
+
+    monkeypatch.setattr(code_module, "script_bytecode", lambda name: b"\0\0\0\0" + bytes(12))
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        result = rubric.score(sample(fenced("def add(a, b):\n    return a + b"), ADD_TESTS))
+    assert result.total == 1.0
