@@ -23,9 +23,10 @@ How the verdict is kept out of reach (`rewards/sandbox_scripts/runner.py` has th
   function, and only a plain value comes back (strict JSON types; any other object stays in
   the server behind a handle whose comparisons are never delegated, so an object that
   "equals everything" equals nothing). Comparisons with expected values happen in the judge.
-  A test's builtins (``sorted``, ``isclose``) are the judge's own, never a candidate's
-  global of the same name; a module a test takes from the candidate is re-imported in the
-  judge by its real name.
+  A test's builtins (``sorted``, ``len``) are the judge's own, never a candidate's global
+  of the same name; a module or an imported function a test takes from the candidate
+  (``math``, ``from math import isclose``) is re-imported in the judge by its real name.
+  Only names the tests use and never bind themselves come from the candidate at all.
 - When the tests end, the judge SIGKILLs every other process of the sandbox and checks that
   none is left, then writes its records, each signed with a per-run key (BLAKE2b) the
   candidate never saw, to a pipe no candidate process holds. The host keeps only records
@@ -40,8 +41,12 @@ candidate's process: a test that passes a value that cannot cross processes to t
 (a lambda, a judge-side object), that compares candidate-made objects with ``==``, that
 subclasses a candidate's class, or that runs past the deadline. Residual, documented: the
 line counts of ``coverage`` are measured inside the candidate's process (it can inflate them),
-so coverage only counts when every test passes in the judge; and a test that calls the
-candidate in a very long loop pays a pipe round trip per call.
+so coverage only counts when every test passes in the judge; a helper a test neither defines
+nor imports but takes from the candidate's own code (a bare ``isclose`` the candidate wrote)
+is the candidate's to answer, so tests must import their helpers (MBPP's ``test_imports``
+and ``setup`` run in the judge); and a test that calls the candidate in a very long loop pays
+a pipe round trip per call. If the judge cannot make itself non-dumpable it refuses to run
+and every sample scores 0 with the reason.
 """
 
 from __future__ import annotations

@@ -263,7 +263,14 @@ def serve(requests, replies, config):
         if type(value).__name__ == "module":
             exported[name] = {"module": str(getattr(value, "__name__", ""))}
         elif callable(value):
-            exported[name] = {"callable": handle(value)}
+            described: dict = {"callable": handle(value)}
+            module = getattr(value, "__module__", None)
+            qualname = getattr(value, "__qualname__", None)
+            if type(module) is str and type(qualname) is str and module != "solution":
+                # Imported, not written here (``from math import isclose``): the judge
+                # takes its own copy, so a test's helper never runs in this process.
+                described["from"] = [module, qualname]
+            exported[name] = described
         else:
             try:
                 exported[name] = {"value": to_wire(value, handle)}
@@ -912,7 +919,9 @@ def _test_namespace(exported, request, judge):
                 if real and not real.startswith("solution"):
                     namespace[name] = __import__(real, fromlist=["_"])
             elif "callable" in described and type(described["callable"]) is int:
-                namespace[name] = Remote(judge, described["callable"])
+                namespace[name] = _own_copy(described.get("from")) or Remote(
+                    judge, described["callable"]
+                )
             elif "value" in described:
                 namespace[name] = judge.value(described["value"])
         except ImportError:
@@ -930,6 +939,22 @@ def _test_namespace(exported, request, judge):
         except ImportError:
             sys.modules["pytest"] = _pytest_shim()
     return namespace
+
+
+def _own_copy(origin):
+    """The judge's own import of a function or class the candidate imported, or None."""
+    if type(origin) is not list or len(origin) != 2:
+        return None
+    module, qualname = origin
+    if type(module) is not str or type(qualname) is not str or "<" in qualname:
+        return None
+    try:
+        found = __import__(module, fromlist=["_"])
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # noqa: BLE001 - not importable here: the candidate's own, by handle
+        return None
+    return found if callable(found) else None
 
 
 # --- user reward functions (one process, as before) -----------------------------------------
