@@ -112,17 +112,19 @@ class Amount:
 
 
 @functools.lru_cache(maxsize=8192)
-def read_amounts(text: str) -> tuple[Amount, ...]:
-    """Every number in ``text`` as an `Amount`, in order."""
+def read_amounts(text: str, short_scales: str = "auto") -> tuple[Amount, ...]:
+    """Every number in ``text`` as an `Amount`, in order. ``short_scales``: ``auto`` (the
+    rules above), ``always`` (``5 m`` is five million: a document of figures) or ``never``
+    (``5 m``, ``5m`` are five metres: a text of measures)."""
     found: list[Amount] = []
     for match in _CORE.finditer(text):
-        amount = _read_one(text, match)
+        amount = _read_one(text, match, short_scales)
         if amount is not None:
             found.append(amount)
     return tuple(found)
 
 
-def _read_one(text: str, match: re.Match[str]) -> Amount | None:
+def _read_one(text: str, match: re.Match[str], short_scales: str) -> Amount | None:
     start, end = match.span()
     core = match.group(0)
     digits = core.replace(",", "")
@@ -149,11 +151,16 @@ def _read_one(text: str, match: re.Match[str]) -> Amount | None:
         percent = bool(right.group("pct_in"))
         closed = bool(right.group("close_early"))
         strong = word.lower() in _STRONG_SCALES or word == "MM"
-        if strong or not right.group("space") or currency:
+        if (
+            strong
+            or short_scales == "always"
+            or (short_scales == "auto" and (not right.group("space") or currency))
+        ):
             scale = factor
-        else:
+            position = right.end()
+        elif short_scales == "auto":
             other = value * factor  # "5 m": metres or million
-        position = right.end()
+            position = right.end()
     elif right and right.group("close_only"):
         percent = bool(right.group("pct_in2"))
         closed = True
@@ -226,10 +233,10 @@ def _kind(
 
 
 @functools.lru_cache(maxsize=8192)
-def read_single_amount(text: str) -> Amount | None:
+def read_single_amount(text: str, short_scales: str = "auto") -> Amount | None:
     """The amount ``text`` states when it states exactly one and nothing else of substance
     (a table cell, a boxed answer): ``(1,234)``, ``$2.5bn``, ``12.5%``."""
-    amounts = read_amounts(text)
+    amounts = read_amounts(text, short_scales)
     if len(amounts) != 1:
         return None
     amount = amounts[0]
@@ -245,9 +252,9 @@ class Choice:
     skipped: tuple[str, ...] = ()
 
 
-def choose_answer(text: str, cued: bool) -> Choice:
+def choose_answer(text: str, cued: bool, short_scales: str = "auto") -> Choice:
     """The amount that answers, by the rules in the module docstring."""
-    amounts = read_amounts(text)
+    amounts = read_amounts(text, short_scales)
     if not amounts:
         return Choice(None)
     substantive = [a for a in amounts if not a.is_label]

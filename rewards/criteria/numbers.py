@@ -53,7 +53,9 @@ def same_number(
     return close(got.value, expected.value, rel_tol, abs_tol)
 
 
-def read_answer(text: str, cued: bool) -> tuple[ParsedNumber | None, list[ParsedNumber], Choice]:
+def read_answer(
+    text: str, cued: bool, short_scales: str = "auto"
+) -> tuple[ParsedNumber | None, list[ParsedNumber], Choice]:
     """The number a response's answer region states, the other readings it allows (for an
     ambiguous answer) and how it was chosen."""
     if _PLAIN_NUMBER.fullmatch(text):  # the common case, "#### 42": no reading to do
@@ -62,28 +64,29 @@ def read_answer(text: str, cued: bool) -> tuple[ParsedNumber | None, list[Parsed
         if plain is not None:
             return plain, [], Choice(None)
     others: list[ParsedNumber] = []
-    single = read_single_amount(text)
+    single = read_single_amount(text, short_scales)
     if single is not None:
         if single.other_reading is not None:
             others.append(ParsedNumber(single.other_reading, single.percent))
-        return _parsed(single), others, choose_answer(text, cued)
-    if not read_amounts(text) or len(text) <= 60:
+        return _parsed(single), others, choose_answer(text, cued, short_scales)
+    amounts = read_amounts(text, short_scales)
+    if not amounts or len(text) <= 60:
         # \frac{3}{4}, 3/4, 2 \times 10^{3}: forms a plain reading splits apart.
         parsed = parse_number(text)
         if parsed is not None:
             return parsed, [], Choice(None)
-    choice = choose_answer(text, cued)
+    choice = choose_answer(text, cued, short_scales)
     if choice.amount is None:
         return None, [], choice
     chosen = choice.amount
     if chosen.other_reading is not None:
         others.append(ParsedNumber(chosen.other_reading, chosen.percent))
     if choice.ambiguous and chosen.other_reading is None:
-        for amount in read_amounts(text):
+        for amount in amounts:
             if amount is not chosen and not amount.is_label and amount.text in choice.ambiguous:
                 others.append(_parsed(amount))
         value = chosen.value
-        scales = [a.scale for a in read_amounts(text) if a.text in choice.ambiguous]
+        scales = [a.scale for a in amounts if a.text in choice.ambiguous]
         if chosen.scale == 1 and max(scales, default=1) > 1:
             value = chosen.value * max(scales)  # "$1.2–1.5 billion": 1.2 billion
         percent = chosen.percent or any(o.percent for o in others)
@@ -128,7 +131,9 @@ class NumericMatch(Criterion):
 
     An answer that can be read two ways with different verdicts (``5 m`` with no currency,
     ``12 or 15``, a range ``$1.2–1.5bn``) scores ``ambiguous_score`` (default 0) with
-    ``details.confidence = "low"`` and the readings, never full reward.
+    ``details.confidence = "low"`` and the readings, never full reward. ``short_scales``
+    settles ``5 m`` for a domain: ``always`` (figures: five million) or ``never`` (measures:
+    five metres).
     """
 
     kind = "numeric_match"
@@ -145,6 +150,13 @@ class NumericMatch(Criterion):
             "credit": {"type": "string", "enum": ["binary", "linear"]},
             "zero_at_rel_error": {"type": "number", "exclusiveMinimum": 0},
             "ambiguous_score": {"type": "number", "minimum": 0, "maximum": 1},
+            "short_scales": {
+                "type": "string",
+                "enum": ["auto", "always", "never"],
+                "description": "k/m/b/t after a number: auto (scale when written against "
+                "it or after a currency; '5 m' alone is ambiguous), always (figures), never "
+                "(measures: 5 m is five metres)",
+            },
         },
     }
 
@@ -161,11 +173,12 @@ class NumericMatch(Criterion):
             cued = region is not None and (
                 pattern is not None or mode != "auto" or region != text.strip()
             )
+        short = self.params.get("short_scales", "auto")
         got, others, choice = (
-            (None, [], Choice(None)) if region is None else read_answer(region, cued)
+            (None, [], Choice(None)) if region is None else read_answer(region, cued, short)
         )
         if got is None and mode == "auto" and cued:
-            got, others, choice = read_answer(text, False)
+            got, others, choice = read_answer(text, False, short)
         if got is None:
             return Outcome(0.0, {"extracted": region, "reason": "no number found"})
         abs_tol = float(self.params.get("abs_tol", 0.0))
@@ -216,7 +229,8 @@ def _table_values(text: str, label: str) -> list[tuple[int, Amount]]:
         if line.count("|") >= 2:
             cells = [c.strip().strip("*").strip() for c in line.strip().strip("|").split("|")]
             if cells and " ".join(cells[0].casefold().split()) == wanted:
-                numeric = [a for a in map(read_single_amount, cells[1:]) if a is not None]
+                read = [read_single_amount(cell, "always") for cell in cells[1:]]
+                numeric = [amount for amount in read if amount is not None]
                 if numeric:
                     found.append((offset, numeric[-1]))
         offset += len(line)
@@ -229,7 +243,8 @@ _TO_FIGURE = re.compile(r"\s*,?\s*(?:to|at|reaching|for a total of)\s+", re.I)
 def _prose_value(window: str) -> Amount | None:
     """The value a label's sentence gives it: the first amount within `MAX_GAP` characters
     (years and other labels skipped); in "grew 15% to $5m" the figure, not the growth."""
-    amounts = [a for a in read_amounts(window) if not a.is_label and a.start <= MAX_GAP]
+    # Next to a label, "5 m" is five million: these are a document's figures.
+    amounts = [a for a in read_amounts(window, "always") if not a.is_label and a.start <= MAX_GAP]
     if not amounts:
         return None
     first = amounts[0]

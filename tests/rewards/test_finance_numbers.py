@@ -82,6 +82,10 @@ NUMERIC = [
     ("Answer: 12 or 15", 12, {}, LOW),
     ("The tower is 5 m tall.", 5, {}, LOW),
     ("Growth should be 5-7% next year.", 0.07, {}, LOW),
+    # ... unless the rubric says how its domain writes short scales
+    ("The tower is 5 m tall.", 5, {"short_scales": "never"}, 1),
+    ("The tower is 5m tall.", 5, {"short_scales": "never"}, 1),
+    ("Sales were 5 m units.", 5_000_000, {"short_scales": "always"}, 1),
     # existing behaviour
     ("Net income was $1.2m", 1_200_000, {"rel_tol": 0.001}, 1),
     ("Growth: 3.14159", 3.1416, {"abs_tol": 0.0001}, 1),
