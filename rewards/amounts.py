@@ -36,8 +36,14 @@ from fractions import Fraction
 
 _CURRENCY = r"(?:US\$|A\$|C\$|HK\$|\$|€|£|¥|₹|USD|EUR|GBP|JPY|CHF|CAD|AUD|INR|CNY)"
 _MINUS = "-\u2212\u2013"
+_CURRENCY_CODE_BEFORE = "|".join(
+    f"(?<={code})" for code in ("USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "INR", "CNY")
+)
+# A number starts after anything but a letter, digit or point (so not inside FY2023, v2 or
+# 3.14), except right after a currency code (EUR1.2m).
 _CORE = re.compile(
-    r"(?<![A-Za-z0-9_.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    rf"(?:{_CURRENCY_CODE_BEFORE}|(?<![A-Za-z0-9_.]))"
+    r"(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
     r"(?:[eE][-+]?\d+)?(?!\d)"
 )
 # The text before a number ends with: a minus (after a space or an opening mark, so never

@@ -77,6 +77,12 @@ NUMERIC = [
     ("First I estimated $12m, then revised it to $15m.", 15e6, {}, 1),
     ("The company was founded in 1998.", 1998, {}, 1),
     ("Answer: 42 (FY2024, page 3)", 42, {}, 1),
+    ("1H24 revenue of $3bn", 3e9, {}, 1),
+    ("Q4'23 margin of 12%", 0.12, {}, 1),
+    ("COVID-19 costs were $3m", 3e6, {}, 1),
+    ("Revenue of $1,234.5 million", 1_234_500_000, {}, 1),
+    ("Proceeds of EUR1.2m", 1_200_000, {}, 1),
+    ("Diluted EPS of $(0.12)", -0.12, {}, 1),
     # truly ambiguous: low confidence, never full reward
     ("Answer: $1.2–1.5 billion", 1.2e9, {}, LOW),
     ("Answer: 12 or 15", 12, {}, LOW),
