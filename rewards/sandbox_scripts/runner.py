@@ -355,13 +355,13 @@ class CandidateError(Exception):
 
 
 class Judge:
-    def __init__(self, requests, replies, server_pid, deadline):
+    """The judge's side of the pipes: one request, one reply, in order."""
+
+    def __init__(self, requests, replies):
         self.requests = requests
         self.replies = replies
-        self.server_pid = server_pid
-        self.deadline = deadline
-        self.expired = False
-        self.gone = None
+        self.expired = False  # the deadline passed: no more requests
+        self.gone = None  # why the candidate can no longer answer
 
     def ask(self, message):
         if self.expired:
@@ -776,7 +776,7 @@ def judge_main():
     os.close(null)
     sys.stdout = sys.stderr = _Discard()
     deadline = started + float(request["deadline_s"])
-    judge = Judge(requests_write, replies_read, server_pid, deadline)
+    judge = Judge(requests_write, replies_read)
     records: list = []
 
     def alarm(signum, frame):
@@ -805,7 +805,7 @@ def judge_main():
     for record in records:
         try:
             payload = dumps(record)
-        except NotPlain:
+        except (TypeError, ValueError, RecursionError):
             payload = dumps({"id": record.get("id"), "error": "unreportable result"})
         mac = blake2b(payload, key=key, digest_size=16).hexdigest()
         out.append(f"\n{MARKER}{mac} {payload.decode('ascii')}\n")
