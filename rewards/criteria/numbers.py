@@ -237,7 +237,11 @@ def _table_values(text: str, label: str) -> list[tuple[int, Amount]]:
     return found
 
 
-_TO_FIGURE = re.compile(r"\s*,?\s*(?:to|at|reaching|for a total of)\s+", re.I)
+_TO_FIGURE = re.compile(
+    r"\s*,?\s*(?:to|at|reaching|for a total of)\s+"
+    r"(?:US\$|(?:USD|EUR|GBP|JPY|CHF|CAD|AUD|INR|CNY)\s*|[$€£¥₹(\u2212\u2013-])*",
+    re.I,
+)
 
 
 def _prose_value(window: str) -> Amount | None:

@@ -148,6 +148,21 @@ def test_labelled_values_in_a_financial_report(scorer, label, expected, verdict)
     assert score == verdict, details
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Revenue grew 15% to $5.0m.", 5e6),
+        ("Revenue in 2023 was $4.1m.", 4.1e6),
+        ("Revenue (FY2024, see p. 7): 812 mn", 812e6),
+        ("Revenue was 5 m.", 5e6),  # next to a label, a figure
+        ("Revenue: –$0.3bn after restatement", -0.3e9),
+    ],
+)
+def test_labelled_values_pass_over_growth_rates_years_and_references(scorer, text, expected):
+    score, details = scorer("labelled_values", {"values": {"Revenue": expected}})(text)
+    assert score == 1.0, details
+
+
 def test_labelled_values_tell_a_label_from_a_longer_one(scorer):
     text = "Product revenue was $40m. Service revenue was $10m. Revenue was $50m."
     score, details = scorer(
