@@ -3,7 +3,8 @@
 1. Unit-test rubric on MBPP-style samples (a function plus three asserts), every sample in its
    own sandbox: evaluations per second, next to the sandbox's own bare-run rate (fresh
    sandbox, ``python3 -c pass``, same concurrency) — the ceiling any sandboxed criterion
-   can reach here.
+   can reach here. The same tasks again as HumanEval ``check(candidate)`` suites. Each
+   evaluation is one sandbox run holding two processes (the judge and the candidate).
 2. Answer and numeric criteria (math_equivalence + numeric_match on GSM8K-style responses):
    evaluations per second of CPU time and of wall time, next to a minimal hand-written
    checker (last number == gold) over the same responses.
@@ -20,6 +21,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -51,19 +53,24 @@ MBPP_TASKS = [
 ]
 
 
-def mbpp_samples(count: int) -> list[Sample]:
+def mbpp_samples(count: int, humaneval: bool = False) -> list[Sample]:
     rng = random.Random(0)
     samples = []
     for i in range(count):
         code, checks = MBPP_TASKS[i % len(MBPP_TASKS)]
         if rng.random() < 0.3:  # some wrong answers, as a policy produces
             code = code.replace("return", "return None and", 1)
+        truth: Any = [f"assert {check}" for check in checks]
+        if humaneval:
+            name = code.split("(")[0].removeprefix("def ")
+            body = "".join(f"    assert {c.replace(name + '(', 'candidate(')}\n" for c in checks)
+            truth = {"test": f"def check(candidate):\n{body}", "entry_point": name}
         samples.append(
             Sample(
                 domain="mbpp",
                 prompt="Write the function.",
                 completion=f"```python\n{code}\n```",
-                ground_truth=[f"assert {check}" for check in checks],
+                ground_truth=truth,
             )
         )
     return samples
@@ -84,11 +91,11 @@ def bench_code(count: int, workers: int) -> None:
             )
         bare_s = time.perf_counter() - started
     assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
-    samples = mbpp_samples(count)
     bare_rate = count / bare_s
     print(f"unit-test rubric, {count} MBPP-style samples (3 asserts each), {workers} at once")
     print(f"  sandbox bare run (fresh sandbox, python3 -c pass): {bare_rate:7.1f} /s")
-    for prewarm in (0, workers):
+    for prewarm, humaneval in ((0, False), (workers, False), (0, True)):
+        samples = mbpp_samples(count, humaneval)
         rubric_spec = {
             "version": 1,
             "criteria": [{"name": "tests", "kind": "unit_tests"}],
@@ -106,7 +113,8 @@ def bench_code(count: int, workers: int) -> None:
         assert not errors, errors[:3]
         mean = sum(r.total for r in scored) / len(scored)
         rate = count / rubric_s
-        print(f"  unit_tests criterion, prewarm={prewarm}: {rate:7.1f} evals/s"
+        shape = "check(candidate)" if humaneval else "asserts"
+        print(f"  unit_tests criterion, {shape}, prewarm={prewarm}: {rate:7.1f} evals/s"
               f"  = {rate / bare_rate:.2f}x the bare rate; mean reward {mean:.2f}")  # fmt: skip
 
 

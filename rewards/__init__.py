@@ -60,6 +60,21 @@ Use::
 Many domains: ``RubricRouter.from_specs({"gsm8k": spec_a, "mbpp": spec_b})`` scores each
 sample with its domain's rubric (as verl routes by ``data_source``), input order kept.
 
+Numbers in documents (``numeric_match``, ``labelled_values``, ``consistency``) are read as an
+analyst reads them (`rewards.amounts`): ``(1,234)`` and ``-$500k`` are negative, k/m/mm/MM/
+mn/bn/tn scale, ``50 bps`` is 0.5 %, years, fiscal periods, footnotes and page references are
+not answers, and an answer that reads two ways scores low confidence, never full reward.
+``consistency`` also checks that totals equal the sum of their stated parts.
+
+Threat model of the code criteria (details in `rewards.criteria.code`): the candidate's code
+is hostile and runs only in a sandbox, in a process of its own; the tests and their expected
+values live in a separate, non-dumpable judge process forked before they were read, which
+talks to the candidate only in plain values, kills every other process of the sandbox before
+it reports, and signs its report with a key the candidate never saw. Patching builtins, the
+test framework or the exits, printing pass markers, forging records, reading the environment,
+the filesystem, /proc or its own memory, or leaving processes behind earns nothing
+(``tests/rewards/test_reward_hacking.py`` holds the hacks, in every test format).
+
 A criterion that crashes or overruns its deadline scores 0 with the reason in
 ``details[name]["error"]``; it never fails the batch. (A criterion that judged and found the
 sample wanting says why in ``details[name]["reason"]`` or its own fields instead, so

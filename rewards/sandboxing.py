@@ -181,7 +181,7 @@ def fresh_dir(prefix: str) -> str:
 def run_in(
     sandbox: Sandbox,
     directory: str,
-    files: dict[str, str],
+    files: dict[str, str] | dict[str, str | bytes],
     argv: list[str],
     *,
     stdin: str | None = None,

@@ -1,33 +1,67 @@
 """Code criteria, all run in a sandbox: unit tests, compiles, coverage, ruff, runtime.
 
-Model-written code never runs on the host. Python only. How the unit-test criterion resists
-reward hacking: the tests' expected values never enter the sandbox. Each ``assert`` is taken
-apart on the host (`ast`): the sandbox evaluates only the expressions that involve the
-candidate and reports their values as strictly typed JSON (plain types only: an object that
-overrides ``__eq__`` is refused), and the host compares them with the expected literals. So
-rewriting the test file, exiting early with status 0, printing "PASSED", monkeypatching
-``assert``/``unittest``/the harness, forging the harness's report, or returning a wrapper that
-equals everything earns nothing. Where a test has no literal side (``assert f(x) ==
-sorted(x)``) both sides come back as plain values, which still defeats ``__eq__`` tricks but
-not a candidate that forges the report; tests that are not a (series of statements ending in
-a) single ``assert`` run as opaque code whose verdict the sandbox reports. Both say
-``"verified": "in_sandbox"`` in their results; MBPP/HumanEval-style asserts against literals
-say ``"host"``.
+Model-written code never runs on the host. Python only.
+
+Threat model (``unit_tests``, ``coverage``, ``runtime_efficiency``, ``io_tests``). The
+candidate's code is hostile: it may patch builtins, ``sys.modules``, the test framework or
+``os._exit``; exit early with status 0; print "OK"/"passed"/forged harness records; walk the
+call stack or its own memory for expected values; read the environment or the filesystem;
+rewrite files; leave processes running; or return objects that equal everything. None of that
+may earn reward, whatever the test format: plain asserts (MBPP), ``def check(candidate)``
+suites (HumanEval, with an ``entry_point``), pytest-style ``def test_*()`` functions,
+``unittest.TestCase`` classes, or stdin/stdout cases.
+
+How the verdict is kept out of reach (`rewards/sandbox_scripts/runner.py` has the details):
+
+- The tests run in a *judge* process, the candidate in a *server* process, both in the
+  sample's sandbox. The judge makes itself non-dumpable (no other process of the sandbox can
+  open its memory or descriptors through /proc) and forks the server *before* it reads the
+  request, so the tests, the expected values and the record key were never in the server's
+  memory; it reads the request to EOF before the candidate's code starts.
+- A name the tests take from the candidate (``add``, ``candidate`` in ``check``) is a proxy in
+  the judge: a call sends the arguments as plain values, the server calls the candidate's
+  function, and only a plain value comes back (strict JSON types; any other object stays in
+  the server behind a handle whose comparisons are never delegated, so an object that
+  "equals everything" equals nothing). Comparisons with expected values happen in the judge.
+  A test's builtins (``sorted``, ``len``) are the judge's own, never a candidate's global
+  of the same name; a module or an imported function a test takes from the candidate
+  (``math``, ``from math import isclose``) is re-imported in the judge by its real name.
+  Only names the tests use and never bind themselves come from the candidate at all.
+- When the tests end, the judge SIGKILLs every other process of the sandbox and checks that
+  none is left, then writes its records, each signed with a per-run key (BLAKE2b) the
+  candidate never saw, to a pipe no candidate process holds. The host keeps only records
+  whose signature verifies. Whatever the candidate prints goes to stderr, unread.
+- Stdin/stdout cases are compared on the host; the expected output never enters the sandbox.
+- Runtime: CPU time comes from the sandbox's cgroup (outside every process), the result is
+  relayed by the judge, and after each measured run the judge empties /work and /tmp so a
+  later round cannot reuse a cached answer.
+
+What falls back to a clearly scored 0 (``error`` says why) rather than trusting the
+candidate's process: a test that passes a value that cannot cross processes to the candidate
+(a lambda, a judge-side object), that compares candidate-made objects with ``==``, that
+subclasses a candidate's class, or that runs past the deadline. Residual, documented: the
+line counts of ``coverage`` are measured inside the candidate's process (it can inflate them),
+so coverage only counts when every test passes in the judge; a helper a test neither defines
+nor imports but takes from the candidate's own code (a bare ``isclose`` the candidate wrote)
+is the candidate's to answer, so tests must import their helpers (MBPP's ``test_imports``
+and ``setup`` run in the judge); and a test that calls the candidate in a very long loop pays
+a pipe round trip per call. If the judge cannot make itself non-dumpable it refuses to run
+and every sample scores 0 with the reason.
 """
 
 from __future__ import annotations
 
 import ast
+import hmac
 import json
-import math
-import operator
 import re
-from collections.abc import Callable
+import secrets
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from typing import Any, ClassVar
 
 from rewards.registry import Criterion, ParamProblem, register
-from rewards.sandbox_scripts import script_text
+from rewards.sandbox_scripts import BOOT, script_bytecode, script_text
 from rewards.sandboxing import IMAGE_RUFF, ScoringState, fresh_dir, run_in, tail
 from rewards.types import CriterionError, Outcome, Sample
 
@@ -46,8 +80,15 @@ TESTS_SCHEMA: dict[str, Any] = {
     "type": "array",
     "items": {"type": "string", "minLength": 1},
     "minItems": 1,
-    "description": "test snippets, typically one assert each; default: the sample's "
-    "ground_truth (a list, or a dict with 'tests'/'test_list')",
+    "description": "test snippets: asserts, a HumanEval `def check(candidate)`, pytest-style "
+    "`def test_*()` functions or unittest classes; default: the sample's ground_truth (a list, "
+    "or a dict with 'tests'/'test_list'/'test')",
+}
+ENTRY_POINT_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+    "description": "the candidate's function a `check(candidate)` suite receives; default: "
+    "the sample's ground_truth['entry_point'], else the last function the code defines",
 }
 
 
@@ -77,6 +118,8 @@ def tests_and_setup(sample: Sample, params: dict[str, Any]) -> tuple[list[str], 
             tests = truth
         elif isinstance(truth, dict):
             tests = truth.get("tests", truth.get("test_list"))
+            if tests is None and isinstance(truth.get("test"), str):
+                tests = [truth["test"]]  # HumanEval: one `def check(candidate)` suite
             setup = setup or truth.get("setup", truth.get("test_setup_code", "")) or ""
             imports = truth.get("test_imports") or []
             if isinstance(imports, list) and imports:
@@ -86,9 +129,19 @@ def tests_and_setup(sample: Sample, params: dict[str, Any]) -> tuple[list[str], 
     return tests, str(setup or "")
 
 
+def entry_point(sample: Sample, params: dict[str, Any]) -> str | None:
+    if "entry_point" in params:
+        return str(params["entry_point"])
+    truth = sample.ground_truth
+    if isinstance(truth, dict) and isinstance(truth.get("entry_point"), str):
+        name = truth["entry_point"]
+        return name if name.isidentifier() else None
+    return None
+
+
 def parse_records(stdout: str) -> list[dict[str, Any]]:
-    """The runner's records: Python literals of plain values, read with `ast.literal_eval`
-    (which evaluates nothing); a malformed or oversized line is skipped."""
+    """Records of the single-process runner (user reward functions): Python literals of
+    plain values, read with `ast.literal_eval` (which evaluates nothing)."""
     records = []
     for line in stdout.splitlines():
         if line.startswith(MARKER) and len(line) <= MAX_RECORD_CHARS:
@@ -102,11 +155,31 @@ def parse_records(stdout: str) -> list[dict[str, Any]]:
 
 
 def literal_request(request: dict[str, Any]) -> str:
-    """The runner's request as a Python literal (see the runner's docstring)."""
+    """The single-process runner's request as a Python literal."""
     return repr(request)
 
 
-# --- values reported by the sandbox --------------------------------------------------------
+def signed_records(stdout: str, key: bytes) -> list[dict[str, Any]]:
+    """The judge's records whose signature verifies with this run's key; anything else on
+    stdout (a forged marker, a replay from another run) is ignored."""
+    records = []
+    for line in stdout.splitlines():
+        if not line.startswith(MARKER) or len(line) > MAX_RECORD_CHARS:
+            continue
+        mac, _, payload = line[len(MARKER) :].partition(" ")
+        expected = blake2b(payload.encode(), key=key, digest_size=16).hexdigest()
+        if not hmac.compare_digest(mac, expected):
+            continue
+        try:
+            record = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+# --- values as the judge reports them -------------------------------------------------------
 
 
 class BadValue(ValueError):
@@ -114,8 +187,8 @@ class BadValue(ValueError):
 
 
 def decode(value: Any, depth: int = 0) -> Any:
-    """The host-side twin of the runner's ``encode``: plain JSON back to plain Python."""
-    if depth > 80:
+    """The host's twin of the runner's ``from_wire``: tagged JSON back to plain Python."""
+    if depth > 100:
         raise BadValue("value nested too deeply")
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -123,210 +196,253 @@ def decode(value: Any, depth: int = 0) -> Any:
         return [decode(v, depth + 1) for v in value]
     if isinstance(value, dict) and len(value) == 1:
         ((tag, inner),) = value.items()
-        if tag == "tuple" and isinstance(inner, list):
+        if tag == "t" and isinstance(inner, list):
             return tuple(decode(v, depth + 1) for v in inner)
-        if tag == "set" and isinstance(inner, list):
+        if tag in ("s", "fs") and isinstance(inner, list):
             return frozenset(decode(v, depth + 1) for v in inner)
-        if tag == "dict" and isinstance(inner, list):
+        if tag == "d" and isinstance(inner, list):
             return {decode(k, depth + 1): decode(v, depth + 1) for k, v in inner}
-        if tag == "float" and inner in ("nan", "inf", "-inf"):
+        if tag == "f" and inner in ("nan", "inf", "-inf"):
             return float(inner)
-        if tag == "bytes" and isinstance(inner, str):
+        if tag == "i" and isinstance(inner, str):
+            return int(inner, 16)
+        if tag == "b" and isinstance(inner, str):
             return bytes.fromhex(inner)
-        if tag == "complex" and isinstance(inner, list) and len(inner) == 2:
+        if tag == "c" and isinstance(inner, list) and len(inner) == 2:
             return complex(float(inner[0]), float(inner[1]))
     raise BadValue("malformed value")
 
 
-# --- taking tests apart ---------------------------------------------------------------------
+# --- planning the tests ---------------------------------------------------------------------
 
-_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-    ast.Is: lambda a, b: a is b or (a == b and type(a) is type(b) and a in (None, True, False)),
-    ast.IsNot: lambda a, b: not (a is b or (a == b and type(a) is type(b))),
-}
+_COMPARE_OPS = {
+    ast.Eq: "Eq", ast.NotEq: "NotEq", ast.Lt: "Lt", ast.LtE: "LtE", ast.Gt: "Gt",
+    ast.GtE: "GtE", ast.In: "In", ast.NotIn: "NotIn", ast.Is: "Is", ast.IsNot: "IsNot",
+}  # fmt: skip
 
 
-def _literal(node: ast.expr) -> tuple[bool, Any]:
+def _is_literal(node: ast.expr) -> bool:
     try:
-        return True, ast.literal_eval(node)
+        ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False, None
+        return False
+    return True
 
 
 @dataclass
-class Probe:
+class TestItem:
+    """One scored test: what the judge runs and how the result is labelled."""
+
     id: int
-    test: str
-    mode: str  # "value": the host checks the value; "exec": the sandbox reports pass/fail
-    source: str
-    before: list[str] = field(default_factory=list)
-    check: Callable[[Any], bool] | None = None
-    # "host": the host compares a value against the test's literal, which never enters the
-    # sandbox; "in_sandbox": the verdict rests on values or a pass/fail the candidate's own
-    # process reports (both sides of a comparison computed there, or opaque test code).
-    verified: str = "host"
+    label: str
+    source: str = ""
+    split: dict[str, Any] | None = None
+    call: dict[str, Any] | None = None
 
     def request(self) -> dict[str, Any]:
-        return {"id": self.id, "mode": self.mode, "source": self.source, "before": self.before}
+        item: dict[str, Any] = {"id": self.id, "source": self.source}
+        if self.split is not None:
+            item["split"] = self.split
+        if self.call is not None:
+            item["call"] = self.call
+        return item
 
 
-def plan_probe(index: int, test: str) -> Probe:
-    """How one test is checked; see the module docstring."""
-    try:
-        tree = ast.parse(test)
-    except SyntaxError as exc:
-        raise CriterionError(f"test {index} is not valid Python: {exc}") from exc
+@dataclass
+class TestPlan:
+    items: list[TestItem] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    formats: set[str] = field(default_factory=set)
+
+
+def plan_tests(tests: list[str], setup: str = "") -> TestPlan:
+    """How each test snippet is run by the judge; a snippet may yield several items."""
+    plan = TestPlan()
+    for index, test in enumerate(tests):
+        try:
+            tree = ast.parse(test)
+        except SyntaxError as exc:
+            raise CriterionError(f"test {index} is not valid Python: {exc}") from exc
+        plan.names.update(_names(tree))
+        _plan_one(plan, test, tree)
+    if setup:
+        try:
+            plan.names.update(_names(ast.parse(setup)))
+        except SyntaxError as exc:
+            raise CriterionError(f"the tests' setup is not valid Python: {exc}") from exc
+    return plan
+
+
+def _names(tree: ast.AST) -> set[str]:
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+def _plan_one(plan: TestPlan, test: str, tree: ast.Module) -> None:
     body = tree.body
+    calls_at_top = any(isinstance(node, ast.Expr) for node in body)
+    functions = [node for node in body if isinstance(node, ast.FunctionDef)]
+    classes = [
+        node for node in body
+        if isinstance(node, ast.ClassDef) and any(_base_name(b).endswith("TestCase")
+                                                   for b in node.bases)
+    ]  # fmt: skip
+    check = [f for f in functions if f.name == "check" and f.args.args]
+    pytest_style = [
+        f for f in functions
+        if f.name.startswith("test") and not f.args.args and not f.args.vararg
+    ]  # fmt: skip
+    label = test.strip()[:300]
+    if check and not calls_at_top:
+        plan.formats.add("check")
+        call = {"name": "check", "args": ["__entry_point__"]}
+        plan.items.append(TestItem(len(plan.items), label, test, call=call))
+        return
+    if (pytest_style or classes) and not calls_at_top:
+        source = test
+        for function in pytest_style:
+            plan.formats.add("pytest")
+            plan.items.append(TestItem(len(plan.items), function.name, source,
+                                       call={"name": function.name}))  # fmt: skip
+            source = ""
+        for cls in classes:
+            plan.formats.add("unittest")
+            plan.items.append(TestItem(len(plan.items), cls.name, source,
+                                       call={"unittest": cls.name}))  # fmt: skip
+            source = ""
+        return
     asserts = [node for node in ast.walk(tree) if isinstance(node, ast.Assert)]
-    if not body or not isinstance(body[-1], ast.Assert) or len(asserts) != 1:
-        return Probe(index, test, "exec", test, verified="in_sandbox")
-    before = [ast.unparse(node) for node in body[:-1]]
-    condition = body[-1].test
-    value_probe = _value_probe(condition)
-    if value_probe is None:
-        return Probe(index, test, "exec", test, verified="in_sandbox")
-    source, check, verified = value_probe
-    return Probe(index, test, "value", source, before, check, verified)
+    if body and isinstance(body[-1], ast.Assert) and len(asserts) == 1:
+        condition = body[-1].test
+        if isinstance(condition, ast.Compare) and len(condition.ops) == 1:
+            op = _COMPARE_OPS.get(type(condition.ops[0]))
+            if op is not None:
+                left, right = condition.left, condition.comparators[0]
+                plan.formats.add("assert")
+                split = {
+                    "before": [ast.unparse(node) for node in body[:-1]],
+                    "left": ast.unparse(left),
+                    "op": op,
+                    "right": ast.unparse(right),
+                    "candidate_side": "right" if _is_literal(left) else "left",
+                }
+                plan.items.append(TestItem(len(plan.items), label, split=split))
+                return
+    plan.formats.add("assert")
+    plan.items.append(TestItem(len(plan.items), label, test))
 
 
-def _value_probe(node: ast.expr) -> tuple[str, Callable[[Any], bool], str] | None:
-    if isinstance(node, ast.Compare) and len(node.ops) == 1:
-        compare = _COMPARE.get(type(node.ops[0]))
-        if compare is None:
-            return None
-        left, right = node.left, node.comparators[0]
-        right_is_literal, expected = _literal(right)
-        if right_is_literal:
-            return ast.unparse(left), lambda v: bool(compare(v, expected)), "host"
-        left_is_literal, expected = _literal(left)
-        if left_is_literal:
-            return ast.unparse(right), lambda v: bool(compare(expected, v)), "host"
-        # Both sides are computed in the sandbox: both come back as plain values (so an
-        # `__eq__` override still cannot fake equality), but a candidate that forges its
-        # report could make them agree.
-        pair = f"({ast.unparse(left)}, {ast.unparse(right)})"
-        return (
-            pair,
-            lambda v: isinstance(v, tuple) and len(v) == 2 and bool(compare(v[0], v[1])),
-            "in_sandbox",
-        )
-    if isinstance(node, ast.Call) and _is_isclose(node.func) and len(node.args) == 2:
-        keywords = {}
-        for keyword in node.keywords:
-            ok, value = _literal(keyword.value)
-            if not ok or keyword.arg not in ("rel_tol", "abs_tol"):
-                return None
-            keywords[keyword.arg] = value
-        for probe_side, literal_side in ((0, 1), (1, 0)):
-            ok, expected = _literal(node.args[literal_side])
-            if ok and _is_number(expected):
-                source = ast.unparse(node.args[probe_side])
-
-                def near(value: Any, target: Any = expected) -> bool:
-                    return _is_number(value) and math.isclose(value, target, **keywords)
-
-                return source, near, "host"
-        return None
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        return ast.unparse(node.operand), lambda v: not v, "host"
-    return ast.unparse(node), bool, "host"
+def _base_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
 
 
-def _is_isclose(func: ast.expr) -> bool:
-    return (isinstance(func, ast.Name) and func.id == "isclose") or (
-        isinstance(func, ast.Attribute) and func.attr == "isclose"
-    )
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _runner_files(code: str) -> dict[str, str]:
-    return {"solution.py": code, "runner.py": script_text("runner.py")}
+def _runner_files(code: str) -> dict[str, str | bytes]:
+    return {
+        "solution.py": code,
+        "runner.py": script_text("runner.py"),
+        "runner.pyc": script_bytecode("runner.py"),
+        "boot.py": BOOT,
+    }
 
 
 def _python(script: str = "runner.py") -> list[str]:
     return ["python3", "-I", "-X", "utf8", script]
 
 
-def run_probes(
+def judge_deadline(timeout_s: float) -> float:
+    """The judge's own deadline: early enough to kill the candidate and sign its records
+    inside the sandbox's timeout (a run killed from outside reports nothing)."""
+    return max(0.2, timeout_s * 0.9 - 0.15)
+
+
+@dataclass
+class JudgeRun:
+    records: list[dict[str, Any]]
+    result: Any
+
+    @property
+    def load_error(self) -> str | None:
+        for record in self.records:
+            if "load_error" in record:
+                return str(record["load_error"])[:500]
+        return None
+
+    @property
+    def finished(self) -> bool:
+        return any(record.get("done") for record in self.records)
+
+    @property
+    def deadline(self) -> bool:
+        return any(record.get("deadline") for record in self.records)
+
+
+def run_judge(
     state: ScoringState,
     code: str,
-    tests: list[str],
-    setup: str,
-    timeout_s: float,
     *,
-    mode: str = "probes",
-    extra: dict[str, Any] | None = None,
-) -> tuple[list[Probe], list[dict[str, Any]], Any]:
-    probes = [plan_probe(i, test) for i, test in enumerate(tests)]
+    timeout_s: float,
+    server: dict[str, Any] | None = None,
+    items: list[TestItem] | None = None,
+    names: set[str] | None = None,
+    setup: str = "",
+    entry: str | None = None,
+    wipe: bool = False,
+    prefix: str = "judge",
+) -> JudgeRun:
+    """One sandbox run of the judge and the candidate server; the signed records back."""
+    key = secrets.token_bytes(16)
     request = {
-        "mode": mode,
-        "solution": "solution.py",
+        "key": key.hex(),
+        "deadline_s": judge_deadline(timeout_s),
+        "server": {"solution": "solution.py", **(server or {})},
+        "items": [item.request() for item in items or []],
+        "names": sorted(names or ()),
         "setup": setup,
-        "probes": [p.request() for p in probes],
-        **(extra or {}),
+        "entry_point": entry,
+        "wipe": wipe,
     }
-    directory = fresh_dir(mode)
     result = run_in(
         state.sandbox(),
-        directory,
+        fresh_dir(prefix),
         _runner_files(code),
-        _python(),
-        stdin=literal_request(request),
+        [*_python("boot.py"), "runner.pyc", "runner.py", "judge"],
+        stdin=json.dumps(request),
         timeout=timeout_s,
     )
-    return probes, parse_records(result.stdout), result
+    return JudgeRun(signed_records(result.stdout, key), result)
 
 
-def judge_probes(
-    probes: list[Probe], records: list[dict[str, Any]]
-) -> tuple[int, list[dict[str, Any]], str | None]:
-    first: dict[int, dict[str, Any]] = {}
-    load_error = None
-    for record in records:
-        if "load_error" in record and load_error is None:
-            load_error = str(record["load_error"])
+def judge_results(items: list[TestItem], run: JudgeRun) -> tuple[int, list[dict[str, Any]]]:
+    by_id: dict[int, dict[str, Any]] = {}
+    for record in run.records:
         ident = record.get("id")
-        if isinstance(ident, int) and not isinstance(ident, bool) and ident not in first:
-            first[ident] = record
+        if isinstance(ident, int) and not isinstance(ident, bool) and ident not in by_id:
+            by_id[ident] = record
+    load_error = run.load_error
     passed = 0
     results = []
-    for probe in probes:
-        outcome: dict[str, Any] = {
-            "test": probe.test[:300],
-            "verified": probe.verified if probe.mode == "value" else "in_sandbox",
-        }
-        found = first.get(probe.id)
+    for item in items:
+        outcome: dict[str, Any] = {"test": item.label, "verified": "judge"}
+        found = by_id.get(item.id)
         ok = False
         if found is None:
-            outcome["error"] = load_error or "no result (the program stopped before this test)"
-        elif "error" in found:
-            outcome["error"] = str(found["error"])[:500]
-        elif probe.mode == "exec":
-            ok = found.get("passed") is True
+            outcome["error"] = load_error or (
+                "no result (the run ended before this test)" if not run.finished else "no result"
+            )
         else:
-            try:
-                value = decode(found.get("value"))
-                assert probe.check is not None
-                ok = bool(probe.check(value))
-                if not ok:
-                    outcome["got"] = repr(value)[:300]
-            except (BadValue, TypeError, ValueError, KeyError) as exc:
-                outcome["error"] = f"unusable value: {exc}"
+            ok = found.get("passed") is True
+            if not ok:
+                if "got" in found:
+                    outcome["got"] = str(found["got"])[:300]
+                if found.get("error") and found.get("error") != "AssertionError":
+                    outcome["error"] = str(found["error"])[:500]
         outcome["passed"] = ok
         passed += ok
         results.append(outcome)
-    return passed, results, load_error
+    return passed, results
 
 
 def exec_summary(result: Any) -> dict[str, Any]:
@@ -339,10 +455,33 @@ def exec_summary(result: Any) -> dict[str, Any]:
     }
 
 
+def _judged_tests(
+    criterion: Criterion, sample: Sample, state: ScoringState, server: dict[str, Any]
+) -> tuple[list[TestItem], JudgeRun, int, list[dict[str, Any]]]:
+    code = candidate_code(sample, criterion.params)
+    tests, setup = tests_and_setup(sample, criterion.params)
+    plan = plan_tests(tests, setup)
+    run = run_judge(
+        state,
+        code,
+        timeout_s=criterion.context.timeout_s,
+        server=server,
+        items=plan.items,
+        names=plan.names,
+        setup=setup,
+        entry=entry_point(sample, criterion.params),
+    )
+    if not run.records and not run.result.timed_out:
+        raise CriterionError(f"the judge reported nothing: {exec_summary(run.result)}")
+    passed, results = judge_results(plan.items, run)
+    return plan.items, run, passed, results
+
+
 _CODE_PARAMS: dict[str, Any] = {
     "code_from": CODE_FROM_SCHEMA,
     "tests": TESTS_SCHEMA,
-    "setup": {"type": "string", "description": "code run after the candidate, before tests"},
+    "setup": {"type": "string", "description": "code the tests run first (imports, helpers)"},
+    "entry_point": ENTRY_POINT_SCHEMA,
 }
 
 
@@ -366,13 +505,16 @@ class UnitTests(_SandboxedCriterion):
     """Runs the candidate's code against unit tests in a sandbox; scores the fraction passed.
 
     The code is the last fenced code block of the response (``code_from``). ``tests`` (or the
-    sample's ``ground_truth``: a list, or a dict with ``tests``/``test_list`` and
-    ``setup``/``test_setup_code``/``test_imports`` as in MBPP) are snippets, typically one
-    ``assert`` each; ``setup`` runs after the candidate's code. Each test's result is in
-    ``details.tests`` (passed, the value got when it failed, the error). With
+    sample's ``ground_truth``: a list; a dict with ``tests``/``test_list`` and
+    ``setup``/``test_setup_code``/``test_imports`` as in MBPP; or HumanEval's ``test`` and
+    ``entry_point``) are snippets: asserts, a ``def check(candidate)`` suite (called with the
+    ``entry_point`` function), pytest-style ``def test_*()`` functions (each one a test;
+    ``pytest.raises``/``approx`` work without pytest) or ``unittest.TestCase`` classes (each
+    class a test). ``setup`` runs in the tests' namespace first. Each test's result is in
+    ``details.tests`` (passed, the value got when a comparison failed, the error). With
     ``"credit": "all"`` the score is 1 only when every test passes.
 
-    Asserts are checked on the host against their literal side (see the module notes on
+    The tests run in a judge process the candidate cannot reach (see the module notes on
     reward hacking); ``timeout_s`` bounds the whole run.
     """
 
@@ -385,21 +527,20 @@ class UnitTests(_SandboxedCriterion):
     }
 
     def judge(self, sample: Sample, state: ScoringState) -> Outcome:
-        code = candidate_code(sample, self.params)
-        tests, setup = tests_and_setup(sample, self.params)
-        probes, records, result = run_probes(state, code, tests, setup, self.context.timeout_s)
-        passed, results, load_error = judge_probes(probes, records)
-        details = {
+        items, run, passed, results = _judged_tests(self, sample, state, {})
+        details: dict[str, Any] = {
             "passed": passed,
-            "total": len(probes),
+            "total": len(items),
             "tests": results,
-            "run": exec_summary(result),
+            "run": exec_summary(run.result),
         }
-        if load_error:
-            details["load_error"] = load_error
+        if run.load_error:
+            details["load_error"] = run.load_error
+        if run.deadline:
+            details["timed_out"] = True
         if self.params.get("credit") == "all":
-            return Outcome(1.0 if passed == len(probes) else 0.0, details)
-        return Outcome(passed / len(probes), details)
+            return Outcome(1.0 if passed == len(items) else 0.0, details)
+        return Outcome(passed / len(items), details)
 
     def evaluate(self, sample: Sample) -> Outcome:
         raise CriterionError("unit_tests needs a rubric's sandbox")
@@ -453,11 +594,11 @@ class Compiles(_SandboxedCriterion):
 class Coverage(_SandboxedCriterion):
     """Scores the fraction of the candidate's statements the given tests execute.
 
-    coverage.py runs in the sandbox around the candidate's code and the ``tests`` (as for
-    ``unit_tests``; whether they pass does not matter here). ``branch`` measures branches
-    too. ``details.missing`` lists the missed lines. The candidate's own code runs in the
-    measured process, so a candidate that tampers with coverage.py in-process can inflate this
-    score: pair it with ``unit_tests`` and do not use it alone as a reward.
+    coverage.py runs in the sandbox around the candidate's code while the judge runs the
+    ``tests`` (as for ``unit_tests``). ``branch`` measures branches too. ``details.missing``
+    lists the missed lines. The lines are counted inside the candidate's own process, which
+    could inflate them, so the score is 0 unless every test passes in the judge (which the
+    candidate cannot reach): a candidate that fails, exits or tampers covers nothing.
     """
 
     kind = "coverage"
@@ -470,41 +611,33 @@ class Coverage(_SandboxedCriterion):
     }
 
     def judge(self, sample: Sample, state: ScoringState) -> Outcome:
-        code = candidate_code(sample, self.params)
-        tests, setup = tests_and_setup(sample, self.params)
-        probes = [Probe(i, t, "exec", t) for i, t in enumerate(tests)]
-        request = {
-            "mode": "coverage",
-            "solution": "solution.py",
-            "setup": setup,
-            "branch": bool(self.params.get("branch", False)),
-            "probes": [p.request() for p in probes],
-        }
-        result = run_in(
-            state.sandbox(),
-            fresh_dir("coverage"),
-            _runner_files(code),
-            _python(),
-            stdin=literal_request(request),
-            timeout=self.context.timeout_s,
-        )
-        records = parse_records(result.stdout)
-        load_errors = [r["load_error"] for r in records if "load_error" in r]
-        if load_errors:
+        server = {"coverage": True, "branch": bool(self.params.get("branch", False))}
+        items, run, passed, _ = _judged_tests(self, sample, state, server)
+        if run.load_error:
             # Code that does not load covers nothing (exiting at import is not coverage).
-            return Outcome(0.0, {"load_error": str(load_errors[0])[:500]})
-        reports = [r["coverage"] for r in records if "coverage" in r]
-        if not reports or not isinstance(reports[-1], dict):
-            raise CriterionError(f"coverage produced no report: {exec_summary(result)}")
-        statements = [s for s in reports[-1].get("statements", []) if isinstance(s, int)]
-        missing = [s for s in reports[-1].get("missing", []) if isinstance(s, int)]
+            return Outcome(0.0, {"load_error": run.load_error})
+        if passed < len(items):
+            failed = len(items) - passed
+            reason = f"{failed} of {len(items)} tests failed: coverage counts only for passing code"
+            return Outcome(0.0, {"reason": reason})
+        reports = [r["coverage"] for r in run.records if isinstance(r.get("coverage"), dict)]
+        if not reports:
+            raise CriterionError(f"coverage produced no report: {exec_summary(run.result)}")
+        lines = len(candidate_code(sample, self.params).splitlines())
+        statements = {s for s in reports[-1].get("statements", []) if _line(s, lines)}
+        missing = {s for s in reports[-1].get("missing", []) if _line(s, lines)} & statements
         if not statements:
             return Outcome(0.0, {"reason": "no statements to cover"})
-        covered = len(set(statements) - set(missing))
+        covered = len(statements - missing)
         return Outcome(
             covered / len(statements),
-            {"statements": len(statements), "covered": covered, "missing": missing[:200]},
-        )
+            {"statements": len(statements), "covered": covered,
+             "missing": sorted(missing)[:200]},
+        )  # fmt: skip
+
+
+def _line(value: Any, lines: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= lines
 
 
 DEFAULT_RUFF_RULES = ["E", "F", "W", "B"]
@@ -640,36 +773,41 @@ class RuntimeEfficiency(_SandboxedCriterion):
         rounds = int(self.params.get("rounds", 3))
         sandbox_timeout = self.context.timeout_s / (2 * rounds + 1)
 
-        def measure(source: str, expression: str) -> tuple[float, Any, Any]:
-            probe = Probe(0, expression, "value", expression, check=lambda v: True)
-            request = {"mode": "probes", "solution": "solution.py", "setup": setup,
-                       "probes": [probe.request()]}  # fmt: skip
-            result = run_in(
-                state.sandbox(), fresh_dir("timing"), _runner_files(source), _python(),
-                stdin=literal_request(request), timeout=sandbox_timeout,
+        def measure(source: str, expression: str) -> tuple[float, dict[str, Any] | None, Any]:
+            run = run_judge(
+                state, source, timeout_s=sandbox_timeout, prefix="timing", wipe=True,
+                server={"workload": expression, "setup": setup},
             )  # fmt: skip
-            records = [r for r in parse_records(result.stdout) if r.get("id") == 0]
+            records = [r for r in run.records if r.get("id") == 0]
+            result = run.result
             cost = result.cpu_s if result.cpu_s is not None else result.wall_s
             return cost, (records[0] if records else None), result
 
         baseline = min(measure("", "None")[0] for _ in range(rounds))
         reference_costs, candidate_costs = [], []
-        reference_record = candidate_record = None
+        reference_records, candidate_records = [], []
         candidate_run = None
         for _ in range(rounds):
-            cost, reference_record, _ = measure(reference, workload)
+            cost, record, _ = measure(reference, workload)
             reference_costs.append(cost)
-            cost, candidate_record, candidate_run = measure(code, workload)
+            reference_records.append(record)
+            cost, record, candidate_run = measure(code, workload)
             candidate_costs.append(cost)
+            candidate_records.append(record)
+        reference_record = reference_records[-1]
         if not reference_record or "value" not in reference_record:
             raise CriterionError(f"the reference solution failed: {reference_record}")
         details: dict[str, Any] = {"baseline_s": baseline}
-        if not candidate_record or "value" not in candidate_record:
-            details["reason"] = (candidate_record or {}).get("error") or exec_summary(candidate_run)
+        # Every measured round must have answered: a round that killed the judge (and so
+        # left its files behind) must not let a later round's time count.
+        failed = [r for r in candidate_records if not r or "value" not in r]
+        if failed:
+            details["reason"] = (failed[0] or {}).get("error") or exec_summary(candidate_run)
             return Outcome(0.0, details)
         try:
-            same = decode(candidate_record["value"]) == decode(reference_record["value"])
-        except BadValue:
+            expected = decode(reference_record["value"])
+            same = all(decode(r["value"]) == expected for r in candidate_records if r)
+        except (BadValue, ValueError, TypeError):
             same = False
         if not same:
             return Outcome(0.0, {**details, "reason": "result differs from the reference"})

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from rewards.criteria.code import literal_request, parse_records
 from rewards.registry import Criterion, ParamProblem, ParamsError, register
-from rewards.sandbox_scripts import script_text
+from rewards.sandbox_scripts import BOOT, script_bytecode, script_text
 from rewards.sandboxing import ScoringState, fresh_dir, run_in, tail
 from rewards.types import CriterionError, Outcome, Sample
 
@@ -242,8 +242,13 @@ class SandboxedFunction(Criterion):
         result = run_in(
             state.sandbox(),
             fresh_dir("function"),
-            {"user_reward.py": self.params["code"], "runner.py": script_text("runner.py")},
-            ["python3", "-I", "-X", "utf8", "runner.py"],
+            {
+                "user_reward.py": self.params["code"],
+                "runner.py": script_text("runner.py"),
+                "runner.pyc": script_bytecode("runner.py"),
+                "boot.py": BOOT,
+            },
+            ["python3", "-I", "-X", "utf8", "boot.py", "runner.pyc", "runner.py"],
             stdin=literal_request(request),
             timeout=self.context.timeout_s,
         )

@@ -76,7 +76,8 @@ NUMERIC_CASES = [
     ("The margin is 12.5%", 12.5, {}, True),
     ("Growth: 3.14159", 3.1416, {"abs_tol": 0.0001}, True),
     ("Growth: 3.14159", 3.1416, {}, False),
-    ("Answer: (1,234)", 1234, {}, True),
+    ("Answer: (1,234)", -1234, {}, True),  # accounting parentheses: negative
+    ("Answer: (1,234)", 1234, {}, False),
     ("#### -0.5", -0.5, {}, True),
     ("about 2 billion", 2e9, {}, True),
     ("costs $45k overall", 45000, {}, True),

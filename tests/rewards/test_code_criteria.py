@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rewards import Rubric, validate_spec
-from rewards.criteria.code import plan_probe
+from rewards.criteria.code import plan_tests
 from tests.rewards.conftest import one_criterion, sample
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
@@ -38,7 +38,7 @@ def test_a_correct_solution_passes_every_test_with_per_test_details(code_rubric)
     assert result.total == 1.0
     tests = result.details["tests"]
     assert (tests["passed"], tests["total"]) == (3, 3)
-    assert all(t["passed"] and t["verified"] == "host" for t in tests["tests"])
+    assert all(t["passed"] and t["verified"] == "judge" for t in tests["tests"])
     assert result.breakdown["compiles"] == 1.0
     assert result.breakdown["coverage"] == 1.0
     assert result.breakdown["lint"] == 1.0
@@ -48,7 +48,7 @@ def test_a_partly_wrong_solution_scores_the_fraction_and_shows_what_it_got(code_
     result = code_rubric.score(sample(fenced("def add(a, b):\n    return abs(a) + b"), ADD_TESTS))
     assert result.breakdown["tests"] == pytest.approx(2 / 3)
     failed = [t for t in result.details["tests"]["tests"] if not t["passed"]]
-    assert failed == [{"test": "assert add(-1, 1) == 0", "verified": "host", "got": "2",
+    assert failed == [{"test": "assert add(-1, 1) == 0", "verified": "judge", "got": "2",
                        "passed": False}]  # fmt: skip
 
 
@@ -82,7 +82,8 @@ def test_an_infinite_loop_times_out_and_scores_zero():
             sample(fenced("def add(a, b):\n    while True:\n        pass"), ADD_TESTS)
         )
     assert result.total == 0.0
-    assert result.details["c"]["run"]["timed_out"] is True
+    assert result.details["c"]["timed_out"] is True
+    assert result.details["c"]["tests"][0]["error"] == "timed out"
 
 
 def test_mbpp_style_ground_truth_with_setup_code_and_imports():
@@ -114,22 +115,19 @@ def test_runtime_efficiency_scores_a_slow_solution_below_the_reference():
 
 
 @pytest.mark.parametrize(
-    ("test", "mode", "verified"),
+    ("test", "items", "fmt"),
     [
-        ("assert f(1) == 2", "value", "host"),
-        ("assert 2 == f(1)", "value", "host"),
-        ("assert f(1) in {1, 2}", "value", "host"),
-        ("assert not f(1)", "value", "host"),
-        ("assert math.isclose(f(1), 0.5)", "value", "host"),
-        ("x = f(1)\nassert x == [1, 2]", "value", "host"),
-        ("assert f(1) == g(2)", "value", "in_sandbox"),
-        ("for i in range(3):\n    assert f(i) == i", "exec", "in_sandbox"),
-        ("f(1)", "exec", "in_sandbox"),
+        ("assert f(1) == 2", 1, "assert"),
+        ("x = f(1)\nassert x == [1, 2]", 1, "assert"),
+        ("for i in range(3):\n    assert f(i) == i", 1, "assert"),
+        ("def check(candidate):\n    assert candidate(1) == 2", 1, "check"),
+        ("def test_a():\n    assert f(1)\ndef test_b():\n    assert f(2)", 2, "pytest"),
+        ("import unittest\nclass T(unittest.TestCase):\n    def test(self): pass", 1, "unittest"),
     ],
 )
-def test_asserts_against_a_literal_are_checked_on_the_host(test, mode, verified):
-    probe = plan_probe(0, test)
-    assert (probe.mode, probe.verified) == (mode, verified)
+def test_each_test_format_is_planned_as_the_judge_will_run_it(test, items, fmt):
+    plan = plan_tests([test])
+    assert (len(plan.items), plan.formats) == (items, {fmt})
 
 
 def test_invalid_tests_are_spec_issues():
@@ -202,3 +200,64 @@ def test_io_tests_read_codecontests_style_ground_truth():
         result = rubric.score(sample(fenced("n = int(input())\nprint(n + n)"), truth))
     assert result.total == 0.5
     assert result.details["c"]["cases"][1]["got"] == "10\n"
+
+
+def test_classes_in_place_changes_generators_and_exceptions_cross_to_the_judge():
+    code = (
+        "class Stack:\n"
+        "    def __init__(self):\n        self.items = []\n"
+        "    def push(self, x):\n        self.items.append(x)\n"
+        "    def pop(self):\n        return self.items.pop()\n"
+        "    def __len__(self):\n        return len(self.items)\n"
+        "def sort_in_place(xs):\n    xs.sort()\n"
+        "def evens(n):\n    return (i for i in range(n) if i % 2 == 0)\n"
+        "def safe_div(a, b=1):\n"
+        "    if b == 0:\n        raise ValueError('division by zero')\n"
+        "    return a / b\n"
+    )
+    tests = [
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2",
+        "s = Stack()\ns.push(5)\nassert len(s) == 1 and s.items == [5]",
+        "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
+        "assert list(evens(7)) == [0, 2, 4, 6]",
+        "assert safe_div(6, b=3) == 2.0",
+        "try:\n    safe_div(1, 0)\n    raise AssertionError('no error')\n"
+        "except ValueError:\n    pass",
+        "assert Stack() != Stack()",
+    ]
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        result = rubric.score(sample(fenced(code), tests))
+    assert result.total == 1.0, result.details["c"]["tests"]
+
+
+def test_a_test_the_judge_cannot_send_to_the_candidate_fails_with_the_reason():
+    code = "def apply(f, x):\n    return f(x)"
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        result = rubric.score(sample(fenced(code), ["assert apply(lambda v: v + 1, 1) == 2"]))
+    assert result.total == 0.0
+    assert "cannot be sent to the candidate" in result.details["c"]["tests"][0]["error"]
+
+
+def test_humaneval_ground_truth_names_its_entry_point():
+    truth = {
+        "test": "def check(candidate):\n    assert candidate('abc') == 'cba'\n",
+        "entry_point": "reverse",
+    }
+    code = (
+        "def helper(s):\n    return s[::-1]\n\n"
+        "def reverse(s):\n    return helper(s)\n\n"
+        "def noise():\n    pass"
+    )
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        assert rubric.score(sample(fenced(code), truth)).total == 1.0
+        wrong = rubric.score(sample(fenced(code.replace("[::-1]", "")), truth))
+    assert wrong.total == 0.0
+
+
+def test_a_sandbox_python_of_another_bytecode_version_runs_the_judge_from_source(monkeypatch):
+    import rewards.criteria.code as code_module
+
+    monkeypatch.setattr(code_module, "script_bytecode", lambda name: b"\0\0\0\0" + bytes(12))
+    with Rubric.from_spec(one_criterion("unit_tests")) as rubric:
+        result = rubric.score(sample(fenced("def add(a, b):\n    return a + b"), ADD_TESTS))
+    assert result.total == 1.0
