@@ -21,6 +21,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,6 +187,35 @@ class CgroupGroup:
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 
+    def kill_run(self, mark: RunMark, timeout: float = 10.0) -> None:
+        """SIGKILLs every process of one run (its child group) and waits until none is left.
+
+        The sandbox's other processes (its supervisor) live on. Without a child group of its
+        own, the run cannot be told apart from them, and the whole group is killed.
+        """
+        if mark.child is None:
+            self.kill_all(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while True:
+            remaining = self._pids_in([mark.child])
+            if not remaining:
+                return
+            if self.can_kill_atomically:
+                self._kill_run_atomically(mark.child)
+            else:
+                for pid in remaining:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise SandboxError(f"processes {sorted(remaining)} survived SIGKILL")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def _kill_run_atomically(self, child: Path) -> None:
+        raise NotImplementedError
+
     def remove(self, timeout: float = 10.0) -> None:
         """Kills what is left, then removes the group's directories (children first)."""
         self.kill_all(timeout)
@@ -255,13 +285,21 @@ class CgroupV1Group(CgroupGroup):
         return cpu_s, peak, oom_killed
 
     def _kill_atomically(self) -> None:
+        self._kill_frozen(self.pids)
+
+    def _kill_run_atomically(self, child: Path) -> None:
+        # The freezer is the sandbox's (v1 has per-run groups only for memory): the supervisor
+        # freezes too, for a moment, and only the run's processes are killed.
+        self._kill_frozen(lambda: self._pids_in([child]))
+
+    def _kill_frozen(self, victims: Callable[[], set[int]]) -> None:
         state = self.dirs["freezer"] / "freezer.state"
         _write(state, "FROZEN")
         deadline = time.monotonic() + 2.0
         # Frozen processes cannot fork; killing them all then thawing leaves nothing running.
         while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
             time.sleep(0.0005)
-        for pid in self.pids():
+        for pid in victims():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _write(state, "THAWED")
@@ -316,6 +354,19 @@ class CgroupV2Group(CgroupGroup):
             oom_killed = oom_killed or now > mark.sandbox_oom_kills
         _rmdir_patiently(mark.child, time.monotonic() + 10)
         return cpu_s, peak, oom_killed
+
+    def _kill_run_atomically(self, child: Path) -> None:
+        if (child / "cgroup.kill").exists():
+            _write(child / "cgroup.kill", "1")
+            return
+        _write(child / "cgroup.freeze", "1")
+        deadline = time.monotonic() + 2.0
+        while "frozen 1" not in _read(child / "cgroup.events") and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        for pid in self._pids_in([child]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _write(child / "cgroup.freeze", "0")
 
     def _kill_atomically(self) -> None:
         if (self.path / "cgroup.kill").exists():
