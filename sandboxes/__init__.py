@@ -53,6 +53,7 @@ from sandboxes.result import ExecResult
 from sandboxes.sandbox import Sandbox
 from sandboxes.snapshot import Snapshot
 from sandboxes.spec import DEFENCES, SandboxSpec
+from sandboxes.zygote import PythonZygote
 
 __all__ = [
     "DEFENCES",
@@ -60,6 +61,7 @@ __all__ = [
     "ExecResult",
     "ImageBuildError",
     "ImageSpec",
+    "PythonZygote",
     "Sandbox",
     "SandboxError",
     "SandboxPathError",

@@ -440,6 +440,40 @@ class BwrapDriver:
                 return self._run_supervised(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
             return self._run_locked(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
 
+    def evaluate(
+        self,
+        argv: Sequence[str],
+        *,
+        files: Mapping[str, str | bytes],
+        stdin: str | bytes | None,
+        timeout: float,
+        env: Mapping[str, str] | None,
+    ) -> ExecResult:
+        """One zygote evaluation: empty the sandbox's files, write ``files``, run ``argv``."""
+        with self._lock:
+            if not self._args:
+                raise SandboxError("the zygote is closed")
+            if self.cgroup is None:
+                raise SandboxError("a zygote needs a cgroup to tell evaluations apart")
+            # The previous evaluation's processes are all dead (killed when it ended), so
+            # nothing can write while the files are removed.
+            self.workspace.clear()
+            for path, content in files.items():
+                self.workspace.write_file(path, content)
+            return self._run_supervised(argv, stdin, timeout, WORK_DIR, env, None, None)
+
+    def start_supervisor_now(self) -> None:
+        """Starts the supervisor ahead of the first run (a zygote pays its imports up front)."""
+        with self._lock:
+            if self.cgroup is None:
+                raise SandboxError("a supervisor needs the sandbox's cgroup")
+            if self._supervisor is None:
+                try:
+                    self._start_supervisor()
+                except BaseException:
+                    self._stop_supervisor()
+                    raise
+
     def _supervised_next(self) -> bool:
         # Without a cgroup a run's processes cannot be told apart from the supervisor's.
         if self.cgroup is None or self.supervise == "never":

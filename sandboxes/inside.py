@@ -171,8 +171,8 @@ def run_python(argv, env):
     except OSError as exc:
         sys.stderr.write(f"{sys.executable}: can't open file {argv[0]!r}: {exc}\n")
         raise SystemExit(2) from None
-    except SyntaxError:
-        sys.excepthook(*sys.exc_info())
+    except SyntaxError as exc:
+        sys.excepthook(type(exc), exc.with_traceback(None), None)
         raise SystemExit(1) from None
     try:
         exec(code, main.__dict__)  # noqa: S102 - this is the sandboxed program itself
@@ -180,7 +180,7 @@ def run_python(argv, env):
         raise
     except BaseException as exc:  # noqa: BLE001 - reported as python3 would, without our frame
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        sys.excepthook(type(exc), exc, tb)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         raise SystemExit(1) from None
 
 
