@@ -15,6 +15,7 @@ in /work, /tmp and /dev/shm persist across the runs of an episode on both paths.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -398,7 +399,9 @@ class BwrapDriver:
         if "--disable-userns" in features:
             args.append("--disable-userns")
         args += base_system_args(self.root, uid, gid)
-        args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.workspace.shm), "/dev/shm"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        # The sandbox's /dev/shm is on its own tmpfs (bounded by disk_mb), not the host's.
+        args += ["--bind", str(self.workspace.shm), "/dev/shm"]  # noqa: S108
         args += ["--bind", str(self.workspace.work), WORK_DIR]
         args += ["--bind", str(self.workspace.tmp), TMP_DIR]
         if self.image_path is not None:
@@ -572,6 +575,11 @@ class BwrapDriver:
         assert self.cgroup is not None
         if cwd != IMAGE_DIR and not self.workspace.is_dir(cwd):
             raise SandboxPathError(f"working directory {cwd!r} is not a directory in the sandbox")
+        if self.supervisor_mode == "exec":
+            # The same init as a bwrap run's pid 1, so a command starts and ends exactly alike
+            # (SIGINT/SIGQUIT ignored as for a background job, "Killed"-style notes on stderr,
+            # "not found" errors, 128 + signal).
+            argv = [INIT_SHELL, "-c", INIT_SCRIPT, "sandbox-init", *argv]
         data = stdin.encode() if isinstance(stdin, str) else stdin
         limit = self.spec.output_limit_bytes
         out, err = StreamCapture(limit, on_stdout), StreamCapture(limit, on_stderr)
@@ -606,7 +614,7 @@ class BwrapDriver:
                     out=out,
                     err=err,
                     deadline=started + timeout,
-                    kill_run=lambda mark=mark: self.cgroup.kill_run(mark),  # type: ignore[union-attr]
+                    kill_run=functools.partial(self.cgroup.kill_run, mark),
                 )
             except SupervisorGone:
                 self.cgroup.end_run(mark)
@@ -623,7 +631,7 @@ class BwrapDriver:
         out.finish()
         err.finish()
         cpu_s, peak, oom = self.cgroup.end_run(mark)
-        if not supervisor.alive:
+        if supervisor is not None and not supervisor.alive:
             self._stop_supervisor()
         sig: int | None = None
         if status is None:  # the supervisor died with the run (or never answered): killed

@@ -109,7 +109,7 @@ def serve(control, wakeup_read, mode):
             return become_command(control, wakeup_read, fds, cwd, argv, env, mode)
         for fd in fds:
             os.close(fd)
-        statuses = []
+        statuses: list[int] = []
         reap(pid, statuses)
         while not statuses:
             # A SIGCHLD (or a spurious one sent from inside) wakes us; so does the host leaving.
@@ -147,7 +147,7 @@ def become_command(control, wakeup_read, fds, cwd, argv, env, mode):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         try:
-            os.execvpe(argv[0], argv, env)
+            os.execvpe(argv[0], argv, env)  # noqa: S606 - argv is the command itself
         except OSError as exc:
             os.write(2, f"{argv[0]}: {exc.strerror}\n".encode(errors="replace"))
             os._exit(126 if exc.errno == 13 else 127)
@@ -162,12 +162,13 @@ def run_python(argv, env):
     os.environ.clear()
     os.environ.update(env)
     sys.argv = list(argv)
+    path = os.path.abspath(argv[0])  # as python3 sets __file__ and names it in tracebacks
     main = types.ModuleType("__main__")
-    main.__dict__.update({"__file__": argv[0], "__cached__": None, "__builtins__": __builtins__})
+    main.__dict__.update({"__file__": path, "__cached__": None, "__builtins__": __builtins__})
     sys.modules["__main__"] = main
     try:
-        with open(argv[0], "rb") as script:
-            code = compile(script.read(), argv[0], "exec", dont_inherit=True)
+        with open(path, "rb") as script:
+            code = compile(script.read(), path, "exec", dont_inherit=True)
     except OSError as exc:
         sys.stderr.write(f"{sys.executable}: can't open file {argv[0]!r}: {exc}\n")
         raise SystemExit(2) from None

@@ -138,4 +138,3 @@ class PythonZygote:
         driver = self._sandbox._require()
         assert isinstance(driver, BwrapDriver)
         return driver.evaluate(argv, files=every_file, stdin=stdin, timeout=float(limit), env=env)
-
