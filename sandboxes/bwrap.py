@@ -352,8 +352,10 @@ class BwrapDriver:
     def kill(self) -> None:
         """Kills every process of the running command now (safe from any thread)."""
         self._kill_requested = True
-        mark = self._run_mark
+        mark, supervisor = self._run_mark, self._supervisor
         if self.cgroup is not None and mark is not None:
+            if supervisor is not None:
+                supervisor.quiet()
             self.cgroup.kill_run(mark)  # the supervisor stays for the next run
         elif self.cgroup is not None:
             self.cgroup.kill_all()
@@ -575,11 +577,6 @@ class BwrapDriver:
         assert self.cgroup is not None
         if cwd != IMAGE_DIR and not self.workspace.is_dir(cwd):
             raise SandboxPathError(f"working directory {cwd!r} is not a directory in the sandbox")
-        if self.supervisor_mode == "exec":
-            # The same init as a bwrap run's pid 1, so a command starts and ends exactly alike
-            # (SIGINT/SIGQUIT ignored as for a background job, "Killed"-style notes on stderr,
-            # "not found" errors, 128 + signal).
-            argv = [INIT_SHELL, "-c", INIT_SCRIPT, "sandbox-init", *argv]
         data = stdin.encode() if isinstance(stdin, str) else stdin
         limit = self.spec.output_limit_bytes
         out, err = StreamCapture(limit, on_stdout), StreamCapture(limit, on_stderr)

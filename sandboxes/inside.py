@@ -12,6 +12,8 @@ Protocol over the SOCK_SEQPACKET control socket (one message per datagram):
 - supervisor -> host ``ready`` once set up;
 - host -> supervisor ``NUL``-joined ``cwd, argc, argv..., NAME=VALUE...`` with the descriptors
   stdin, stdout, stderr and the run's ``cgroup.procs`` files (opened by the host) attached;
+- host -> supervisor ``quiet`` when the host kills the run (timeout, ``kill``): no ``Killed``
+  note on stderr then, as none comes on the bwrap path, where the init dies too;
 - supervisor -> host ``exit <wait status>`` when the command's first process has ended.
 
 The host kills whatever else the run left in its cgroup. Why this process can be trusted with
@@ -23,6 +25,7 @@ its own memory corrupts a forked copy. When the host goes away the control socke
 EOF and the supervisor exits, and with it (the kernel sees to that) everything in the sandbox.
 """
 
+import errno
 import os
 import select
 import signal
@@ -30,6 +33,7 @@ import socket
 import sys
 
 PR_SET_DUMPABLE = 4
+SHELL = "/bin/sh"
 _MAX_FDS = 16
 
 
@@ -99,27 +103,60 @@ def serve(control, wakeup_read, mode):
         except InterruptedError:
             continue
         if not data:
+            os._exit(0)  # the host is gone: leaving ends the pid namespace and all in it
+        if data == b"quiet":  # a kill that came after its run had ended: nothing to do
             for fd in fds:
                 os.close(fd)
-            os._exit(0)  # the host is gone: leaving ends the pid namespace and all in it
+            continue
         remove_sysv_ipc()
         cwd, argv, env = parse_request(data)
         pid = os.fork()
         if pid == 0:
             return become_command(control, wakeup_read, fds, cwd, argv, env, mode)
+        # Kept to report a killed command on its stderr, as the bwrap path's init shell does.
+        stderr = os.dup(fds[2]) if mode == "exec" and len(fds) > 2 else -1
         for fd in fds:
             os.close(fd)
         statuses: list[int] = []
+        quiet = False  # the host is killing the run: the old path's init died with it, silently
         reap(pid, statuses)
         while not statuses:
             # A SIGCHLD (or a spurious one sent from inside) wakes us; so does the host leaving.
             readable, _, _ = select.select([wakeup_read, control], [], [])
-            if control in readable and not control.recv(64, socket.MSG_PEEK):
-                os._exit(0)
+            if control in readable:
+                message = control.recv(64)
+                if not message:
+                    os._exit(0)
+                quiet = quiet or message == b"quiet"
             if wakeup_read in readable:
                 os.read(wakeup_read, 512)
             reap(pid, statuses)
+        if stderr >= 0:
+            quiet = quiet or pending_message(control) == b"quiet"
+            if not quiet:
+                report_signal(stderr, statuses[0])
+            os.close(stderr)
         control.send(b"exit %d" % statuses[0])
+
+
+def pending_message(control):
+    try:
+        return control.recv(64, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return None
+
+
+def report_signal(stderr, status):
+    """What ``sh`` prints when the job it waits for dies of a signal (``Killed``, ...)."""
+    if not os.WIFSIGNALED(status) or os.WTERMSIG(status) in (signal.SIGINT, signal.SIGPIPE):
+        return
+    note = signal.strsignal(os.WTERMSIG(status)) or f"Signal {os.WTERMSIG(status)}"
+    if os.WCOREDUMP(status):
+        note += " (core dumped)"
+    try:  # noqa: SIM105 - contextlib is one more import at every supervisor start
+        os.write(stderr, note.encode() + b"\n")
+    except OSError:
+        pass  # the host stopped reading (it gave up on this run)
 
 
 def become_command(control, wakeup_read, fds, cwd, argv, env, mode):
@@ -144,14 +181,39 @@ def become_command(control, wakeup_read, fds, cwd, argv, env, mode):
         os.write(2, f"sandbox supervisor: {exc}\n".encode())
         os._exit(127)
     if mode == "exec":
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        exec_command(argv, env)
+    return argv, env
+
+
+def exec_command(argv, env):
+    """Starts ``argv`` as the bwrap path's init shell starts its background job."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    # A non-interactive shell's background job ignores SIGINT and SIGQUIT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    try:
         try:
             os.execvpe(argv[0], argv, env)  # noqa: S606 - argv is the command itself
         except OSError as exc:
-            os.write(2, f"{argv[0]}: {exc.strerror}\n".encode(errors="replace"))
-            os._exit(126 if exc.errno == 13 else 127)
-    return argv, env
+            if exc.errno != errno.ENOEXEC:
+                raise
+            path = argv[0] if "/" in argv[0] else shutil_which(argv[0], env)
+            # A script without #!: sh runs it, as the init shell would have.
+            os.execve(SHELL, [SHELL, path, *argv[1:]], env)  # noqa: S606
+    except OSError as exc:
+        missing = exc.errno in (errno.ENOENT, errno.ENOTDIR)
+        why = "not found" if missing else exc.strerror
+        os.write(2, f"sandbox-init: 1: {argv[0]}: {why}\n".encode(errors="replace"))
+        os._exit(127 if missing else 126)
+
+
+def shutil_which(name, env):
+    for directory in env.get("PATH", "").split(":"):
+        candidate = os.path.join(directory or ".", name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return name
 
 
 def run_python(argv, env):

@@ -75,6 +75,13 @@ class Supervisor:
         detail = self.proc.stderr.read().decode(errors="replace").strip()[-2000:]
         raise SandboxError(f"the sandbox supervisor did not start: {detail or 'no answer'}")
 
+    def quiet(self) -> None:
+        """Tells the supervisor that the host kills the run (it reports no signal on stderr)."""
+        try:
+            self.control.send(b"quiet")
+        except OSError:
+            self.alive = False
+
     def stop(self) -> None:
         """Closes the control socket (the supervisor exits, and the kernel ends its namespace)."""
         self.alive = False
@@ -167,6 +174,7 @@ class Supervisor:
                     if timed_out:
                         break  # killed 2 s ago and still not over: give up on it
                     timed_out = True
+                    self.quiet()
                     kill_run()
                     deadline = time.monotonic() + 2.0
                     continue

@@ -465,12 +465,8 @@ def test_nothing_of_a_previous_sandbox_is_visible_in_the_next():
 
 # -- the same hostile programs through the supervisor and the zygote ------------------------------
 #: What differs on these paths and why: the supervisor stays pid 1 across runs, so the program
-#: of a second run is not pid 2 (pids 2 and 3 were the warm-up run's init shell and command;
-#: in a zygote, pid 2 was the warm-up evaluation).
+#: of a second run is pid 3 (pid 2 was the warm-up run's command or evaluation).
 _SECOND_RUN_CHECKS: dict[str, Callable[[ExecResult], None]] = {
-    "reading the host environment and /proc/1/environ": _expect("processes visible: [1, 4, 5]"),
-}
-_ZYGOTE_CHECKS: dict[str, Callable[[ExecResult], None]] = {
     "reading the host environment and /proc/1/environ": _expect("processes visible: [1, 3]"),
 }
 
@@ -493,7 +489,7 @@ def test_hostile_program_in_a_supervised_run_ends_safely_and_leaves_nothing(
         )
         _SECOND_RUN_CHECKS.get(name, case.check)(result)
         after = sandbox.run(["sh", "-c", "ls /proc | grep -c '^[0-9]'"])
-        assert after.exit_code == 0 and int(after.stdout) <= 5, after  # nothing of it is left
+        assert after.exit_code == 0 and int(after.stdout) <= 4, after  # nothing of it is left
     assert canary not in result.stdout and canary not in result.stderr
     assert_nothing_left(sandbox.name, marker)
     assert not any(p.exists() for p in HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE)
@@ -514,7 +510,7 @@ def test_hostile_program_as_a_zygote_evaluation_ends_safely_and_leaves_nothing(n
             stdin=case.stdin,
             timeout=case.timeout,
         )
-        _ZYGOTE_CHECKS.get(name, case.check)(result)
+        _SECOND_RUN_CHECKS.get(name, case.check)(result)
         after = zygote.evaluate(
             "after.py",
             files={"after.py": "import os; print(sorted(os.listdir('/work')), os.getpid())"},

@@ -25,6 +25,11 @@ SAME_ON_BOTH_PATHS = [
     (["sh", "-c", "sleep 5"], None),
     (["sh", "-c", "kill -INT $$; kill -SEGV $$"], None),
     (["/no/such/program"], None),
+    (["no-such-program-on-the-path"], None),
+    (["/etc"], None),
+    (["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGUSR1)"], None),
+    (["python3", "-c", "import os; os.abort()"], None),
+    (["sh", "-c", "printf 'echo from a script without a shebang' > s; chmod +x s; ./s"], None),
 ]
 
 
@@ -62,8 +67,7 @@ def test_later_runs_of_an_episode_share_one_supervisor_that_stays_pid_1(monkeypa
         sandbox.run(["true"])
         assert driver._supervisor is supervisor  # type: ignore[attr-defined]
     assert first.stdout.startswith("/bin/sh -c")
-    # Forks of one pid 1 (each run: the init shell, then the command), not new namespaces.
-    assert pids == ["3\n", "5\n", "7\n", "9\n"]
+    assert pids == ["2\n", "3\n", "4\n", "5\n"]  # forks of one pid 1, not new namespaces
     assert_nothing_left(sandbox.name)
 
 
@@ -73,7 +77,7 @@ def test_a_daemon_of_a_supervised_run_is_killed_when_its_command_ends(monkeypatc
         started = sandbox.run(["sh", "-c", "(setsid sleep 1000 &); (sleep 1000 &); echo started"])
         after = sandbox.run(["sh", "-c", "ls /proc | grep -c '^[0-9]'"])
     assert started.stdout == "started\n" and not started.timed_out
-    assert int(after.stdout) <= 5  # the supervisor, the init shell, sh, ls and grep
+    assert int(after.stdout) <= 4  # the supervisor, sh, ls and grep
     assert_nothing_left(sandbox.name)
 
 
