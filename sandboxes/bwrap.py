@@ -597,6 +597,8 @@ class BwrapDriver:
                 except BaseException:
                     self._stop_supervisor()
                     raise
+            own_mark = self._supervisor_mark
+            assert own_mark is not None
             self._runs += 1
             mark = self.cgroup.begin_run(f"run-{self._runs}", self.spec.memory_mb)
             started = time.monotonic()
@@ -607,7 +609,8 @@ class BwrapDriver:
                     cwd=cwd,
                     env=self.environment(env),
                     data=data,
-                    cgroup_procs=mark.procs_paths,
+                    cgroup_procs=mark.child_procs_paths,
+                    own_cgroup_procs=own_mark.child_procs_paths,
                     out=out,
                     err=err,
                     deadline=started + timeout,

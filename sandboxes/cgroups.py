@@ -89,6 +89,16 @@ class RunMark:
     cpu_ns: int | None
     sandbox_oom_kills: int | None
 
+    @property
+    def child_procs_paths(self) -> list[bytes]:
+        """Only the run's own group: for a process already in the sandbox's other groups (a
+        supervisor's fork). Every cgroup.procs write is a migration that may wait for an RCU
+        grace period, so the ones that would change nothing are left out."""
+        if self.child is None:
+            return self.procs_paths
+        own = os.fsencode(self.child / "cgroup.procs")
+        return [path for path in self.procs_paths if path == own]
+
 
 def _stat_value(path: Path, key: str) -> int | None:
     try:

@@ -3,15 +3,16 @@
 It is started by the host (``sandboxes.supervisor``) as
 ``/usr/bin/python3 -I [-S] -c <this file's text> MODE CONTROL_FD [MODULE ...]`` inside bwrap,
 so it uses the standard library only and is never imported on the host. ``MODE`` is ``exec``
-(fork + exec the command, for a tool step) or ``python`` (a zygote: the ``MODULE``\\ s are
+(posix_spawn of the command, for a tool step) or ``python`` (a zygote: the ``MODULE``\\ s are
 imported once, then each request forks a child that runs a Python script itself, without a new
 interpreter).
 
 Protocol over the SOCK_SEQPACKET control socket (one message per datagram):
 
 - supervisor -> host ``ready`` once set up;
-- host -> supervisor ``NUL``-joined ``cwd, argc, argv..., NAME=VALUE...`` with the descriptors
-  stdin, stdout, stderr and the run's ``cgroup.procs`` files (opened by the host) attached;
+- host -> supervisor ``NUL``-joined ``cwd, n, argc, argv..., NAME=VALUE...`` with these
+  descriptors attached: stdin, stdout, stderr, then ``n`` ``cgroup.procs`` files of the run's
+  own cgroup and those of the supervisor's (opened by the host);
 - host -> supervisor ``quiet`` when the host kills the run (timeout, ``kill``): no ``Killed``
   note on stderr then, as none comes on the bwrap path, where the init dies too;
 - supervisor -> host ``exit <wait status>`` when the command's first process has ended.
@@ -57,6 +58,14 @@ def reap(waiting_for, statuses):
             statuses.append(status)
 
 
+def wait_for_every_child():
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
 def remove_sysv_ipc():
     """SysV objects outlive their processes in the ipc namespace: a run must not inherit any."""
     found = {}
@@ -85,21 +94,26 @@ def remove_sysv_ipc():
 def parse_request(data):
     fields = data.split(b"\0")
     cwd = os.fsdecode(fields[0])
-    argc = int(fields[1])
-    argv = [os.fsdecode(a) for a in fields[2 : 2 + argc]]
+    run_fds = int(fields[1])
+    argc = int(fields[2])
+    argv = [os.fsdecode(a) for a in fields[3 : 3 + argc]]
     env = {}
-    for item in fields[2 + argc :]:
+    for item in fields[3 + argc :]:
         name, _, value = os.fsdecode(item).partition("=")
         env[name] = value
-    return cwd, argv, env
+    return cwd, run_fds, argv, env
+
+
+def join(cgroup_procs):
+    for fd in cgroup_procs:
+        os.write(fd, b"0")
 
 
 def serve(control, wakeup_read, mode):
     """Answers requests until the host goes away; returns only in a forked child (its job)."""
     while True:
-        reap(None, [])
         try:
-            data, fds, _, _ = socket.recv_fds(control, 1 << 20, _MAX_FDS)
+            data, fds, _, _ = socket.recv_fds(control, 1 << 20, _MAX_FDS, socket.MSG_CMSG_CLOEXEC)
         except InterruptedError:
             continue
         if not data:
@@ -108,16 +122,31 @@ def serve(control, wakeup_read, mode):
             for fd in fds:
                 os.close(fd)
             continue
+        # The host killed everything the last run left (its cgroup is empty), but a killed
+        # process is still exiting for a moment after it leaves its cgroup: wait for each, so
+        # that no run sees the last one's processes (not even as zombies, which count as pids).
+        wait_for_every_child()
         remove_sysv_ipc()
-        cwd, argv, env = parse_request(data)
-        pid = os.fork()
-        if pid == 0:
-            return become_command(control, wakeup_read, fds, cwd, argv, env, mode)
-        # Kept to report a killed command on its stderr, as the bwrap path's init shell does.
-        stderr = os.dup(fds[2]) if mode == "exec" and len(fds) > 2 else -1
+        cwd, run_fds, argv, env = parse_request(data)
+        stdio, run_cgroup, own_cgroup = fds[:3], fds[3 : 3 + run_fds], fds[3 + run_fds :]
+        # We step into the run's cgroup to start the command and step back out after, so the
+        # command is inside from its first instruction and never needs to write there itself.
+        join(run_cgroup)
+        if mode == "python":
+            pid = os.fork()
+            if pid == 0:
+                for fd in run_cgroup + own_cgroup:
+                    os.close(fd)
+                return become_python(control, wakeup_read, stdio, cwd, argv, env)
+            status = None
+        else:
+            pid, status = spawn_command(stdio, cwd, argv, env)
+        join(own_cgroup)
+        stderr = fds[2]  # kept to report a killed command, as the bwrap path's init shell does
         for fd in fds:
-            os.close(fd)
-        statuses: list[int] = []
+            if fd != stderr:
+                os.close(fd)
+        statuses = [] if status is None else [status]
         quiet = False  # the host is killing the run: the old path's init died with it, silently
         reap(pid, statuses)
         while not statuses:
@@ -131,11 +160,11 @@ def serve(control, wakeup_read, mode):
             if wakeup_read in readable:
                 os.read(wakeup_read, 512)
             reap(pid, statuses)
-        if stderr >= 0:
+        if mode == "exec":
             quiet = quiet or pending_message(control) == b"quiet"
             if not quiet:
                 report_signal(stderr, statuses[0])
-            os.close(stderr)
+        os.close(stderr)
         control.send(b"exit %d" % statuses[0])
 
 
@@ -159,61 +188,75 @@ def report_signal(stderr, status):
         pass  # the host stopped reading (it gave up on this run)
 
 
-def become_command(control, wakeup_read, fds, cwd, argv, env, mode):
-    """In the forked child: join the run's cgroup, take the run's stdio, drop our state."""
+def spawn_command(stdio, cwd, argv, env):
+    """Starts ``argv`` as the bwrap path's init shell starts its background job.
+
+    Returns (pid, None), or (None, wait status) when it could not start; then the error is on
+    the command's stderr as ``sh`` words it. posix_spawn (a vfork) runs no Python in the child.
+    SIGINT and SIGQUIT stay ignored (as ours are) like a non-interactive shell's background
+    job; the others start at their defaults.
+    """
+    os.chdir(cwd)
+    stdin, stdout, stderr = stdio
+    actions = [
+        (os.POSIX_SPAWN_DUP2, stdin, 0),
+        (os.POSIX_SPAWN_DUP2, stdout, 1),
+        (os.POSIX_SPAWN_DUP2, stderr, 2),
+    ]
+    name = argv[0]
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = env.get("PATH", "")
+        candidates = [os.path.join(d or ".", name) for d in path.split(":")] if name else []
+        # Only those that exist: a failed spawn still uses up a pid of the sandbox's.
+        candidates = [c for c in candidates if os.path.lexists(c)]
+    denied = None
+    for candidate in candidates:
+        for program, args in ((candidate, argv), (SHELL, [SHELL, candidate, *argv[1:]])):
+            try:
+                pid = os.posix_spawn(
+                    program,
+                    args,
+                    env,
+                    file_actions=actions,
+                    setsid=True,
+                    setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD),
+                )
+                return pid, None
+            except OSError as exc:
+                if exc.errno == errno.ENOEXEC:
+                    continue  # a script without #!: sh runs it, as the init shell would have
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    denied = denied or exc
+                break
+    why = denied.strerror if denied is not None else "not found"
+    try:  # noqa: SIM105 - see report_signal
+        os.write(stderr, f"sandbox-init: 1: {name}: {why}\n".encode(errors="replace"))
+    except OSError:
+        pass
+    return None, (126 if denied is not None else 127) << 8
+
+
+def become_python(control, wakeup_read, stdio, cwd, argv, env):
+    """In a zygote's forked child: take the run's stdio and drop every descriptor of ours."""
     try:
-        stdin, stdout, stderr, *cgroup_procs = fds
-        for fd in cgroup_procs:  # first, so everything the command does is counted and killable
-            os.write(fd, b"0")
-            os.close(fd)
         signal.set_wakeup_fd(-1)
         os.close(wakeup_read)
         control.close()
         os.setsid()
-        for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        for fd in {stdin, stdout, stderr}:
+        for fd in set(stdio):
             if fd > 2:
                 os.close(fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
         os.chdir(cwd)
     except BaseException as exc:  # noqa: BLE001 - the child must never return into serve()
         os.write(2, f"sandbox supervisor: {exc}\n".encode())
         os._exit(127)
-    if mode == "exec":
-        exec_command(argv, env)
     return argv, env
-
-
-def exec_command(argv, env):
-    """Starts ``argv`` as the bwrap path's init shell starts its background job."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-    # A non-interactive shell's background job ignores SIGINT and SIGQUIT.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
-    try:
-        try:
-            os.execvpe(argv[0], argv, env)  # noqa: S606 - argv is the command itself
-        except OSError as exc:
-            if exc.errno != errno.ENOEXEC:
-                raise
-            path = argv[0] if "/" in argv[0] else shutil_which(argv[0], env)
-            # A script without #!: sh runs it, as the init shell would have.
-            os.execve(SHELL, [SHELL, path, *argv[1:]], env)  # noqa: S606
-    except OSError as exc:
-        missing = exc.errno in (errno.ENOENT, errno.ENOTDIR)
-        why = "not found" if missing else exc.strerror
-        os.write(2, f"sandbox-init: 1: {argv[0]}: {why}\n".encode(errors="replace"))
-        os._exit(127 if missing else 126)
-
-
-def shutil_which(name, env):
-    for directory in env.get("PATH", "").split(":"):
-        candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            return candidate
-    return name
 
 
 def run_python(argv, env):
@@ -249,8 +292,10 @@ def run_python(argv, env):
 
 def main():
     mode, control_fd, preload = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    # Default dispositions: the kernel then drops every signal sent to pid 1 from inside.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # No handlers: the kernel then drops every signal sent to pid 1 from inside. Ignored (not
+    # default) so that the commands we spawn inherit what a background job of sh has.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     make_undumpable()
     control = socket.socket(fileno=control_fd)
     control.set_inheritable(False)

@@ -102,6 +102,7 @@ class Supervisor:
         env: Mapping[str, str],
         data: bytes | None,
         cgroup_procs: Sequence[bytes],
+        own_cgroup_procs: Sequence[bytes],
         out: StreamCapture,
         err: StreamCapture,
         deadline: float,
@@ -111,6 +112,7 @@ class Supervisor:
         payload = b"\0".join(
             [
                 os.fsencode(cwd),
+                str(len(cgroup_procs)).encode(),
                 str(len(argv)).encode(),
                 *(os.fsencode(a) for a in argv),
                 *(os.fsencode(f"{k}={v}") for k, v in env.items()),
@@ -119,7 +121,10 @@ class Supervisor:
         ours: list[int] = []
         theirs: list[int] = []
         try:
-            theirs += [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in cgroup_procs]
+            theirs += [
+                os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                for path in [*cgroup_procs, *own_cgroup_procs]
+            ]
             if data:
                 stdin_read, stdin_write = os.pipe()
                 ours.append(stdin_write)
