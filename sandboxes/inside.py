@@ -276,18 +276,52 @@ def run_python(argv, env):
             code = compile(script.read(), path, "exec", dont_inherit=True)
     except OSError as exc:
         sys.stderr.write(f"{sys.executable}: can't open file {argv[0]!r}: {exc}\n")
-        raise SystemExit(2) from None
+        return 2
     except SyntaxError as exc:
         sys.excepthook(type(exc), exc.with_traceback(None), None)
-        raise SystemExit(1) from None
+        return 1
     try:
         exec(code, main.__dict__)  # noqa: S102 - this is the sandboxed program itself
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        return exit_status(exc)
     except BaseException as exc:  # noqa: BLE001 - reported as python3 would, without our frame
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        raise SystemExit(1) from None
+        return 1
+    return 0
+
+
+def exit_status(exc):
+    """The status python3 exits with for an uncaught SystemExit (a message goes to stderr)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    try:  # noqa: SIM105 - see report_signal
+        sys.stderr.write(f"{exc.code}\n")
+    except Exception:  # noqa: BLE001, S110 - as the interpreter does: the status still stands
+        pass
+    return 1
+
+
+def finish(status):
+    """Ends the child as the interpreter's exit would, as far as a program can tell: other
+    threads joined, atexit functions run, output flushed. The teardown of every module that
+    follows in a real exit is invisible to the program and the costliest part, so it is skipped.
+    """
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()  # noqa: SLF001 - what the interpreter calls at exit
+    import atexit
+
+    atexit._run_exitfuncs()  # noqa: SLF001 - idem
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001 - python3 exits 120 when its output cannot be flushed
+            status = 120
+    os._exit(status)
 
 
 def main():
@@ -318,4 +352,4 @@ def main():
 if __name__ == "__main__":
     _job = main()
     del main, serve
-    run_python(*_job)
+    finish(run_python(*_job))
