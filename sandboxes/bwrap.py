@@ -68,6 +68,14 @@ INIT_SCRIPT = 'exec 3<&0; "$@" 0<&3 3<&- & exec 3<&-; wait $!'
 INIT_SHELL = "/bin/sh"
 _CHUNK = 65536
 SUPERVISE_MODES = ("after-first", "always", "never")
+#: A request to the supervisor is one datagram; larger commands (a long ``python3 -c``, say)
+#: take the bwrap path, whose limit is the kernel's for execve.
+MAX_SUPERVISED_REQUEST = 96 * 1024
+
+
+def _request_size(argv: Sequence[str], env: Mapping[str, str] | None) -> int:
+    extra = sum(len(k) + len(v) + 2 for k, v in (env or {}).items())
+    return sum(len(a.encode(errors="surrogateescape")) + 1 for a in argv) + extra + 4096
 
 
 def supervise_mode() -> str:
@@ -441,7 +449,7 @@ class BwrapDriver:
         with self._lock:  # one command at a time: they share the cgroup's counters
             if not self._args:
                 raise SandboxError("the sandbox is not open (use it as a context manager)")
-            if self._supervised_next():
+            if self._supervised_next() and _request_size(argv, env) <= MAX_SUPERVISED_REQUEST:
                 return self._run_supervised(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
             return self._run_locked(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
 

@@ -175,3 +175,14 @@ def test_an_owner_killed_during_a_supervised_run_leaves_no_process(tmp_path):
 
     assert name in reap_stale()
     assert_nothing_left(name)
+
+
+def test_a_command_too_long_for_one_request_still_runs(monkeypatch):
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", "always")
+    code = "x = 1\n" * 18_000  # 108 kB of program text in one argument (execve allows 128)
+    with Sandbox(SandboxSpec()) as sandbox:
+        sandbox.run(["true"])
+        result = sandbox.run(["python3", "-c", code + "print(x)"])
+        after = sandbox.run(["echo", "and the supervisor still serves"])
+    assert result.stdout == "1\n", result
+    assert after.stdout == "and the supervisor still serves\n"
