@@ -70,7 +70,7 @@ def latency(iterations: int) -> None:
     bare: list[float] = []
     boxed: list[float] = []
     steps: list[float] = []
-    bare_cpu = boxed_cpu = 0.0
+    bare_cpu = boxed_cpu = step_cpu = 0.0
     episode = Sandbox(spec).open()
     episode.run(COMMAND)  # an episode's first step starts it; the steps measured come after
     for _ in range(iterations):
@@ -84,9 +84,10 @@ def latency(iterations: int) -> None:
         # Host-side Python work plus everything inside the cgroup (bwrap joins it pre-exec).
         boxed_cpu += cpu_self() - own + in_cgroup
         # One step of a multi-step episode: a run in a sandbox that is already open.
-        start = time.perf_counter()
-        episode.run(COMMAND)
+        start, own = time.perf_counter(), cpu_self()
+        step = episode.run(COMMAND)
         steps.append(time.perf_counter() - start)
+        step_cpu += cpu_self() - own + (step.cpu_s or 0.0)
     episode.close()
     b50, b99 = percentile(bare, 50) * 1000, percentile(bare, 99) * 1000
     s50, s99 = percentile(boxed, 50) * 1000, percentile(boxed, 99) * 1000
@@ -100,9 +101,10 @@ def latency(iterations: int) -> None:
         f"ratio p50 {r50 / b50:.2f}x (aim <= 1.2x)"
     )
     bare_ms, boxed_ms = bare_cpu / iterations * 1000, boxed_cpu / iterations * 1000
+    step_ms = step_cpu / iterations * 1000
     print(
-        f"  CPU per run (load-independent): bare {bare_ms:.1f} ms, sandbox {boxed_ms:.1f} ms, "
-        f"ratio {boxed_ms / bare_ms:.2f}x"
+        f"  CPU per run (load-independent): bare {bare_ms:.1f} ms, sandbox {boxed_ms:.1f} ms "
+        f"({boxed_ms / bare_ms:.2f}x), episode step {step_ms:.1f} ms ({step_ms / bare_ms:.2f}x)"
     )
 
 

@@ -186,3 +186,35 @@ def test_a_command_too_long_for_one_request_still_runs(monkeypatch):
         after = sandbox.run(["echo", "and the supervisor still serves"])
     assert result.stdout == "1\n", result
     assert after.stdout == "and the supervisor still serves\n"
+
+
+def test_supervised_runs_on_a_real_unified_hierarchy(monkeypatch):
+    # v2 forbids processes in a group whose children take controllers: the supervisor has a
+    # leaf group of its own beside each run's.
+    from sandboxes import PythonZygote, cgroups
+
+    v1, v2 = cgroups.cgroup_mounts()
+    if v2 is None or not os.access(v2, os.W_OK):
+        pytest.skip("no writable cgroup2 hierarchy here")
+    unified = cgroups.CgroupManager(version=2)
+    if unified.version != 2 or unified._v2_parent is None:
+        pytest.skip(f"cgroup v2 unusable here: {unified.missing}")
+    monkeypatch.setattr(cgroups, "_manager", unified)
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", "always")
+    spec = SandboxSpec(allow_weaker=sorted(unified.missing), timeout_s=0.5)
+    with Sandbox(spec) as sandbox:
+        daemon = sandbox.run(["sh", "-c", "(setsid sleep 100 &); echo started"])
+        slow = sandbox.run(["sh", "-c", "(setsid sleep 100 &); sleep 100"])
+        count = sandbox.run(["sh", "-c", "ls /proc | grep -c '^[0-9]'"])
+        group_path = Path(unified._v2_parent) / sandbox.name
+        # Between runs only the supervisor's group is left (each run's is removed after it).
+        assert [p.name for p in group_path.iterdir() if p.is_dir()] == ["supervisor-1"]
+    with PythonZygote(spec) as zygote:
+        evaluated = zygote.evaluate("a.py", files={"a.py": "print(6 * 7)"})
+    assert daemon.stdout == "started\n" and not daemon.timed_out
+    assert slow.timed_out and slow.signal == 9
+    assert int(count.stdout) <= 4
+    assert evaluated.stdout == "42\n"
+    assert not group_path.exists()
+    assert_nothing_left(sandbox.name)
+    assert_nothing_left(zygote.name)

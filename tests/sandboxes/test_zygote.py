@@ -120,3 +120,25 @@ def test_bad_arguments_are_refused():
     with pytest.raises(SandboxError):
         zygote.evaluate("a.py")
     assert_nothing_left(zygote.name)
+
+
+def test_killing_an_evaluation_from_another_thread_keeps_the_zygote_and_closing_ends_all():
+    import threading
+    import time
+
+    zygote = PythonZygote(SandboxSpec(timeout_s=60)).open()
+    results = []
+    sleeper = {"s.py": "import time; print('asleep', flush=True); time.sleep(60)"}
+
+    def evaluate() -> None:
+        results.append(zygote.evaluate("s.py", files=sleeper))
+
+    for ending in (zygote.kill, zygote.close):
+        runner = threading.Thread(target=evaluate)
+        runner.start()
+        time.sleep(0.5)
+        ending()
+        runner.join(timeout=20)
+        assert not runner.is_alive()
+    assert [(r.signal, r.timed_out, r.stderr) for r in results] == [(9, False, "")] * 2
+    assert_nothing_left(zygote.name)
