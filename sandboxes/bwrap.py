@@ -37,7 +37,13 @@ from sandboxes.cgroups import CgroupGroup, RunMark, manager
 from sandboxes.errors import SandboxError, SandboxPathError, WeakerIsolationError
 from sandboxes.result import ExecResult, OutputCallback, StreamCapture
 from sandboxes.spec import TMP_DIR, WORK_DIR, SandboxSpec
-from sandboxes.supervisor import SUPERVISOR_MEMORY_MB, Supervisor, SupervisorGone, supervisor_argv
+from sandboxes.supervisor import (
+    SUPERVISOR_MEMORY_MB,
+    SUPERVISOR_PYTHON,
+    Supervisor,
+    SupervisorGone,
+    supervisor_argv,
+)
 from sandboxes.workspace import Workspace, sandboxes_root
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -291,6 +297,8 @@ class BwrapDriver:
         #: ``exec`` (commands) or ``python`` (a zygote, see sandboxes.zygote), and its imports.
         self.supervisor_mode = "exec"
         self.supervisor_preload: tuple[str, ...] = ()
+        #: The interpreter of a ``python`` supervisor (an exec supervisor is always the base's).
+        self.supervisor_python = SUPERVISOR_PYTHON
         self._supervisor: Supervisor | None = None
         self._supervisor_mark: RunMark | None = None
         self._run_mark: RunMark | None = None  # the supervised run in progress
@@ -516,7 +524,12 @@ class BwrapDriver:
             args += ["--seccomp", str(filter_fd)]
         args += [
             "--",
-            *supervisor_argv(self.supervisor_mode, inside_end.fileno(), self.supervisor_preload),
+            *supervisor_argv(
+                self.supervisor_mode,
+                inside_end.fileno(),
+                self.supervisor_preload,
+                self.supervisor_python if self.supervisor_mode == "python" else SUPERVISOR_PYTHON,
+            ),
         ]
         try:
             proc = subprocess.Popen(

@@ -40,10 +40,12 @@ def supervisor_source() -> str:
     return (Path(__file__).resolve().parent / "inside.py").read_text()
 
 
-def supervisor_argv(mode: str, control_fd: int, preload: Sequence[str]) -> list[str]:
+def supervisor_argv(
+    mode: str, control_fd: int, preload: Sequence[str], python: str = SUPERVISOR_PYTHON
+) -> list[str]:
     # -S (no site) only for exec mode: a zygote's programs expect what ``python3 -I`` gives.
     flags = ["-I", "-S"] if mode == "exec" else ["-I"]
-    return [SUPERVISOR_PYTHON, *flags, "-c", supervisor_source(), mode, str(control_fd), *preload]
+    return [python, *flags, "-c", supervisor_source(), mode, str(control_fd), *preload]
 
 
 class Supervisor:

@@ -66,13 +66,20 @@ class PythonZygote:
         spec: SandboxSpec | Mapping[str, Any] | None = None,
         *,
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        python: str = "/usr/bin/python3",
     ):
+        """``python``: the interpreter inside the sandbox (an image's, say ``/image/venv/bin/
+        python``); it must be Python 3.9 or newer. ``preload``: modules imported once, up front.
+        """
         if isinstance(preload, str) or not all(
             isinstance(name, str) and name.replace(".", "").replace("_", "").isalnum()
             for name in preload
         ):
             raise SandboxError("preload must be a list of module names")
         self.preload = tuple(preload)
+        if not isinstance(python, str) or not python.startswith("/"):
+            raise SandboxError("python must be an absolute path inside the sandbox")
+        self.python = python
         self._sandbox = Sandbox(spec)
         self.spec = self._sandbox.spec
         if self.spec.driver != "bwrap":
@@ -91,6 +98,7 @@ class PythonZygote:
             assert isinstance(driver, BwrapDriver)
             driver.supervisor_mode = "python"
             driver.supervisor_preload = self.preload
+            driver.supervisor_python = self.python
             driver.start_supervisor_now()
         except BaseException:
             self._sandbox.close()

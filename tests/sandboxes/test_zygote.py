@@ -110,6 +110,10 @@ def test_bad_arguments_are_refused():
         PythonZygote(SandboxSpec(driver="docker"))
     with pytest.raises(SandboxError):
         PythonZygote(preload="json")
+    with pytest.raises(SandboxError):
+        PythonZygote(python="python3")
+    with pytest.raises(SandboxError, match="did not start"):
+        PythonZygote(python="/no/such/python").open()
     with PythonZygote(SandboxSpec()) as zygote:
         with pytest.raises(SandboxError):
             zygote.evaluate("")
@@ -142,3 +146,30 @@ def test_killing_an_evaluation_from_another_thread_keeps_the_zygote_and_closing_
         assert not runner.is_alive()
     assert [(r.signal, r.timed_out, r.stderr) for r in results] == [(9, False, "")] * 2
     assert_nothing_left(zygote.name)
+
+
+def test_a_zygote_can_run_an_images_interpreter(monkeypatch):
+    import os
+    import shutil
+    from pathlib import Path
+
+    from sandboxes import ImageSpec
+
+    cache = Path("/var/tmp") / f"sandboxes-zygote-images-{os.getpid()}"
+    monkeypatch.setenv("SANDBOXES_IMAGE_CACHE", str(cache))
+    image = ImageSpec(
+        name="zygote-venv",
+        files={"tool.py": "def shout(s):\n    return s.upper()\n"},
+        setup="python3 -m venv --without-pip /image/venv && "
+        "cp tool.py /image/venv/lib/python3*/site-packages/",
+    )
+    try:
+        spec = SandboxSpec(image=image)
+        with PythonZygote(spec, python="/image/venv/bin/python", preload=["tool"]) as zygote:
+            result = zygote.evaluate(
+                "a.py", files={"a.py": "import sys, tool; print(tool.shout('hi'), sys.prefix)"}
+            )
+        assert result.stdout == "HI /image/venv\n", result
+        assert_nothing_left(zygote.name)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
