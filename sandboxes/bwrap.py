@@ -299,6 +299,7 @@ class BwrapDriver:
         self.supervisor_preload: tuple[str, ...] = ()
         #: The interpreter of a ``python`` supervisor (an exec supervisor is always the base's).
         self.supervisor_python = SUPERVISOR_PYTHON
+        self.supervisor_memory_mb = SUPERVISOR_MEMORY_MB
         self._supervisor: Supervisor | None = None
         self._supervisor_mark: RunMark | None = None
         self._run_mark: RunMark | None = None  # the supervised run in progress
@@ -488,6 +489,9 @@ class BwrapDriver:
         with self._lock:
             if self.cgroup is None:
                 raise SandboxError("a supervisor needs the sandbox's cgroup")
+            if self.supervisor_memory_mb != SUPERVISOR_MEMORY_MB:
+                total = self.spec.memory_mb + self.spec.disk_mb + self.supervisor_memory_mb
+                self.cgroup.set_limits(memory_mb=total, pids=None, cpu=None)
             if self._supervisor is None:
                 try:
                     self._start_supervisor()
@@ -505,7 +509,7 @@ class BwrapDriver:
     def _start_supervisor(self) -> Supervisor:
         assert self.cgroup is not None
         self._runs += 1
-        mark = self.cgroup.begin_run(f"supervisor-{self._runs}", SUPERVISOR_MEMORY_MB)
+        mark = self.cgroup.begin_run(f"supervisor-{self._runs}", self.supervisor_memory_mb)
         host_end, inside_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         passed = [inside_end.fileno()]
         # Not --die-with-parent: that follows the host *thread* that started bwrap, and an

@@ -274,8 +274,15 @@ class CgroupV1Group(CgroupGroup):
     @staticmethod
     def _limit_memory(directory: Path, memory_mb: int) -> None:
         limit = str(memory_mb * 1024 * 1024)
-        _write(directory / "memory.limit_in_bytes", limit)
         swap_limit = directory / "memory.memsw.limit_in_bytes"
+        try:
+            _write(directory / "memory.limit_in_bytes", limit)
+        except OSError:
+            if not swap_limit.exists():
+                raise
+            # Raising: memory may never exceed memory+swap, so that one goes up first.
+            _write(swap_limit, limit)
+            _write(directory / "memory.limit_in_bytes", limit)
         if swap_limit.exists():  # memory+swap equal to memory: no swapping out of the limit
             _write(swap_limit, limit)
 

@@ -67,9 +67,12 @@ class PythonZygote:
         *,
         preload: Sequence[str] = DEFAULT_PRELOAD,
         python: str = "/usr/bin/python3",
+        zygote_memory_mb: int = 64,
     ):
         """``python``: the interpreter inside the sandbox (an image's, say ``/image/venv/bin/
         python``); it must be Python 3.9 or newer. ``preload``: modules imported once, up front.
+        ``zygote_memory_mb``: the zygote's own memory limit (the interpreter and its preloaded
+        modules), beside each evaluation's ``memory_mb``.
         """
         if isinstance(preload, str) or not all(
             isinstance(name, str) and name.replace(".", "").replace("_", "").isalnum()
@@ -80,6 +83,9 @@ class PythonZygote:
         if not isinstance(python, str) or not python.startswith("/"):
             raise SandboxError("python must be an absolute path inside the sandbox")
         self.python = python
+        if not isinstance(zygote_memory_mb, int) or zygote_memory_mb < 16:
+            raise SandboxError("zygote_memory_mb must be an integer >= 16")
+        self.zygote_memory_mb = zygote_memory_mb
         self._sandbox = Sandbox(spec)
         self.spec = self._sandbox.spec
         if self.spec.driver != "bwrap":
@@ -99,6 +105,7 @@ class PythonZygote:
             driver.supervisor_mode = "python"
             driver.supervisor_preload = self.preload
             driver.supervisor_python = self.python
+            driver.supervisor_memory_mb = self.zygote_memory_mb
             driver.start_supervisor_now()
         except BaseException:
             self._sandbox.close()

@@ -114,6 +114,10 @@ def test_bad_arguments_are_refused():
         PythonZygote(python="python3")
     with pytest.raises(SandboxError, match="did not start"):
         PythonZygote(python="/no/such/python").open()
+    with pytest.raises(SandboxError, match="no_such_module"):
+        PythonZygote(preload=["no_such_module"], zygote_memory_mb=128).open()
+    with pytest.raises(SandboxError):
+        PythonZygote(zygote_memory_mb=8)
     with PythonZygote(SandboxSpec()) as zygote:
         with pytest.raises(SandboxError):
             zygote.evaluate("")
