@@ -6,7 +6,7 @@ kernel kills the rest of the pid namespace; the cgroup is then checked empty (an
 through the freezer/cgroup.kill if not). On timeout the whole cgroup is killed.
 
 From the second run on (an episode's later tool steps), one bwrap holding a supervisor
-(``sandboxes.supervisor``) stays up and each command is a fork/exec inside its namespaces,
+(``sandboxes.supervisor``) stays up and each command is a posix_spawn inside its namespaces,
 in a cgroup of the run's own; when the command's first process exits, or at the timeout,
 everything left in that cgroup is killed, so no process outlives its run either way. Files
 in /work, /tmp and /dev/shm persist across the runs of an episode on both paths.

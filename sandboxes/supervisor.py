@@ -59,22 +59,25 @@ class Supervisor:
     def wait_ready(self, timeout: float = _READY_TIMEOUT_S) -> None:
         assert self.proc.stderr is not None
         deadline = time.monotonic() + timeout
+        said = b""  # what bwrap or Python printed (a warning at import is no failure)
         with selectors.DefaultSelector() as selector:
             selector.register(self.control, selectors.EVENT_READ)
             selector.register(self.proc.stderr, selectors.EVENT_READ)
             while time.monotonic() < deadline:
-                events = selector.select(max(0.0, deadline - time.monotonic()))
-                if any(key.fileobj is self.control for key, _ in events):
-                    message = self.control.recv(64)
-                    if message == b"ready":
-                        return
-                    break
-                if events:  # stderr: bwrap or Python failed before the supervisor was ready
-                    break
+                for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
+                    if key.fileobj is self.control:
+                        if self.control.recv(64) == b"ready":
+                            return
+                        deadline = 0.0  # it closed the socket: it is gone
+                    else:
+                        chunk = os.read(key.fd, _CHUNK)
+                        said = (said + chunk)[-4000:]
+                        if not chunk:
+                            selector.unregister(key.fileobj)
         self.alive = False
         self.proc.kill()
         self.proc.wait()
-        detail = self.proc.stderr.read().decode(errors="replace").strip()[-2000:]
+        detail = said.decode(errors="replace").strip()[-2000:]
         raise SandboxError(f"the sandbox supervisor did not start: {detail or 'no answer'}")
 
     def quiet(self) -> None:
