@@ -23,7 +23,9 @@ removed; SysV IPC objects it left are removed and POSIX message queues are refus
 is a forked copy, so an evaluation that corrupts its interpreter's memory or modules cannot
 affect the next one. What they do share: the preloaded modules as they were imported, the
 interpreter's string-hash seed (set iteration order repeats across evaluations; ``random``
-is reseeded in each child), and the machine's timing. Nothing of a judge belongs in a zygote:
+is reseeded in each child), the namespaces themselves (so pid numbers go on counting: an
+evaluation can tell how many processes the ones before it started, a narrow channel that a
+fresh sandbox per sample does not have) and the machine's timing. Nothing of a judge belongs in a zygote:
 hand it the candidate and a call-side harness only, and compare what it prints on the host.
 Run several zygotes for several cores (each evaluation is single-file, one core).
 """
