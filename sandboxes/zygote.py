@@ -25,8 +25,9 @@ affect the next one. What they do share: the preloaded modules as they were impo
 interpreter's string-hash seed (set iteration order repeats across evaluations; ``random``
 is reseeded in each child), the namespaces themselves (so pid numbers go on counting: an
 evaluation can tell how many processes the ones before it started, a narrow channel that a
-fresh sandbox per sample does not have) and the machine's timing. Nothing of a judge belongs in a zygote:
-hand it the candidate and a call-side harness only, and compare what it prints on the host.
+fresh sandbox per sample does not have) and the machine's timing. Nothing of a judge belongs
+in a zygote: hand it the candidate and a call-side harness only, and compare what it prints on
+the host.
 Run several zygotes for several cores (each evaluation is single-file, one core).
 """
 
