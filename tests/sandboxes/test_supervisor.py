@@ -218,3 +218,19 @@ def test_supervised_runs_on_a_real_unified_hierarchy(monkeypatch):
     assert not group_path.exists()
     assert_nothing_left(sandbox.name)
     assert_nothing_left(zygote.name)
+
+
+def test_a_sandbox_can_choose_its_path(monkeypatch):
+    from sandboxes import SandboxError
+
+    monkeypatch.delenv("SANDBOXES_SUPERVISE", raising=False)
+    with Sandbox(SandboxSpec(), supervise="never") as few:
+        pids = {few.run(["sh", "-c", "echo $$"]).stdout for _ in range(3)}
+        assert few._require()._supervisor is None  # type: ignore[attr-defined]
+    with Sandbox(SandboxSpec(), supervise="always") as many:
+        first = many.run(["sh", "-c", "echo $$"]).stdout
+        assert many._require()._supervisor is not None  # type: ignore[attr-defined]
+    assert pids == {"2\n"}  # each run in namespaces of its own
+    assert first == "2\n"
+    with pytest.raises(SandboxError):
+        Sandbox(SandboxSpec(), supervise="sometimes")
