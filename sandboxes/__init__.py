@@ -13,10 +13,11 @@ supervisor (``sandboxes.inside``, pid 1) stays up for the rest of the sandbox's 
 command is a ``posix_spawn`` inside its namespaces, in a cgroup of the run's own, started and
 reported exactly as on the first path (same ``ExecResult``; when the command's first process
 ends, or at the timeout, every process the run started is killed). So an episode's tool steps
-cost about what the command costs bare. The supervisor's own start costs about two bwrap runs,
-so a sandbox meant for one or two runs (a sample's code criteria) is cheaper with
-``Sandbox(spec, supervise="never")``; ``"always"`` skips the first bwrap run, and
-``SANDBOXES_SUPERVISE`` sets the default for every sandbox.
+cost about what the command costs bare. Starting the supervisor costs about the CPU of one
+bwrap run but more wall time on a busy machine (more hand-offs between processes: 28 ms
+against 9 ms for one run at a load of 7 on 2 cores), so a sandbox meant for one or two runs
+(a sample's code criteria) answers sooner with ``Sandbox(spec, supervise="never")``;
+``"always"`` skips the first bwrap run; ``SANDBOXES_SUPERVISE`` sets the default.
 
 Python-only work (unit tests, ``io_tests``, sandboxed user functions) can skip the interpreter
 start altogether with a zygote: a pre-imported Python as a sandbox's pid 1 that forks one

@@ -94,9 +94,9 @@ class Sandbox:
         self, spec: SandboxSpec | Mapping[str, Any] | None = None, *, supervise: str | None = None
     ):
         """``supervise`` (bwrap only): when runs go through the sandbox's supervisor instead of
-        a bwrap each: ``"after-first"`` (the default; pays off from about the fourth run, as
-        the supervisor's own start costs about two bwrap runs), ``"always"`` or ``"never"``
-        (a sandbox used for one or two runs). ``SANDBOXES_SUPERVISE`` sets the default.
+        a bwrap each: ``"after-first"`` (the default), ``"always"`` or ``"never"`` (quicker
+        for a sandbox used for one or two runs on a busy machine; see the package docstring).
+        ``SANDBOXES_SUPERVISE`` sets the default.
         """
         if supervise is not None and supervise not in ("after-first", "always", "never"):
             raise SandboxError("supervise must be 'after-first', 'always' or 'never'")
