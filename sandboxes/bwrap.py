@@ -1,14 +1,21 @@
 """The bubblewrap driver: namespaces from bwrap, limits from a cgroup, storage from a tmpfs.
 
-Each ``run`` is one bwrap invocation in the sandbox's long-lived cgroup and workspace, so
-files in /work and /tmp persist across the runs of an episode while no process outlives its
-run: when the command exits, the sandbox's pid-1 init (``INIT_SCRIPT``) exits and the kernel
-kills the rest of the pid namespace; the cgroup is then checked empty (and killed through
-the freezer/cgroup.kill if not). On timeout the whole cgroup is killed.
+A sandbox's first ``run`` is one bwrap invocation in the sandbox's long-lived cgroup and
+workspace: when the command exits, the sandbox's pid-1 init (``INIT_SCRIPT``) exits and the
+kernel kills the rest of the pid namespace; the cgroup is then checked empty (and killed
+through the freezer/cgroup.kill if not). On timeout the whole cgroup is killed.
+
+From the second run on (an episode's later tool steps), one bwrap holding a supervisor
+(``sandboxes.supervisor``) stays up and each command is a posix_spawn inside its namespaces,
+in a cgroup of the run's own; when the command's first process exits, or at the timeout,
+everything left in that cgroup is killed, so no process outlives its run either way. Files
+in /work, /tmp and /dev/shm persist across the runs of an episode on both paths.
+``SANDBOXES_SUPERVISE`` = ``after-first`` (default), ``always`` or ``never`` picks the path.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +23,7 @@ import resource
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import threading
@@ -25,10 +33,17 @@ from functools import lru_cache
 from pathlib import Path
 
 from sandboxes import seccomp
-from sandboxes.cgroups import CgroupGroup, manager
+from sandboxes.cgroups import CgroupGroup, RunMark, manager
 from sandboxes.errors import SandboxError, SandboxPathError, WeakerIsolationError
 from sandboxes.result import ExecResult, OutputCallback, StreamCapture
 from sandboxes.spec import TMP_DIR, WORK_DIR, SandboxSpec
+from sandboxes.supervisor import (
+    SUPERVISOR_MEMORY_MB,
+    SUPERVISOR_PYTHON,
+    Supervisor,
+    SupervisorGone,
+    supervisor_argv,
+)
 from sandboxes.workspace import Workspace, sandboxes_root
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -58,6 +73,22 @@ BASE_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 INIT_SCRIPT = 'exec 3<&0; "$@" 0<&3 3<&- & exec 3<&-; wait $!'
 INIT_SHELL = "/bin/sh"
 _CHUNK = 65536
+SUPERVISE_MODES = ("after-first", "always", "never")
+#: A request to the supervisor is one datagram; larger commands (a long ``python3 -c``, say)
+#: take the bwrap path, whose limit is the kernel's for execve.
+MAX_SUPERVISED_REQUEST = 96 * 1024
+
+
+def _request_size(argv: Sequence[str], env: Mapping[str, str] | None) -> int:
+    extra = sum(len(k) + len(v) + 2 for k, v in (env or {}).items())
+    return sum(len(a.encode(errors="surrogateescape")) + 1 for a in argv) + extra + 4096
+
+
+def supervise_mode() -> str:
+    mode = os.environ.get("SANDBOXES_SUPERVISE", "after-first")
+    if mode not in SUPERVISE_MODES:
+        raise SandboxError(f"SANDBOXES_SUPERVISE must be one of {', '.join(SUPERVISE_MODES)}")
+    return mode
 
 
 def sandbox_ids() -> tuple[int | None, int | None]:
@@ -262,6 +293,16 @@ class BwrapDriver:
         self._runs = 0
         self._lock = threading.Lock()
         self._running: subprocess.Popen[bytes] | None = None
+        self.supervise = supervise_mode()
+        #: ``exec`` (commands) or ``python`` (a zygote, see sandboxes.zygote), and its imports.
+        self.supervisor_mode = "exec"
+        self.supervisor_preload: tuple[str, ...] = ()
+        #: The interpreter of a ``python`` supervisor (an exec supervisor is always the base's).
+        self.supervisor_python = SUPERVISOR_PYTHON
+        self.supervisor_memory_mb = SUPERVISOR_MEMORY_MB
+        self._supervisor: Supervisor | None = None
+        self._supervisor_mark: RunMark | None = None
+        self._run_mark: RunMark | None = None  # the supervised run in progress
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -282,7 +323,7 @@ class BwrapDriver:
                 # Files on the work tmpfs are memory charged to the sandbox: the total is
                 # processes + files; each run's processes alone get memory_mb (see RunMark).
                 self.cgroup.set_limits(
-                    memory_mb=self.spec.memory_mb + self.spec.disk_mb,
+                    memory_mb=self.spec.memory_mb + self.spec.disk_mb + SUPERVISOR_MEMORY_MB,
                     pids=self.spec.pids,
                     cpu=self.spec.cpu,
                 )
@@ -308,6 +349,7 @@ class BwrapDriver:
             errors.append(str(exc))
         with self._lock:
             self._args = []  # no run can start any more
+            self._stop_supervisor()
             self._remove(errors)
         if errors:
             raise SandboxError("; ".join(errors))
@@ -325,9 +367,14 @@ class BwrapDriver:
             errors.append(str(exc))
 
     def kill(self) -> None:
-        """Kills every process of the sandbox now (safe from any thread)."""
+        """Kills every process of the running command now (safe from any thread)."""
         self._kill_requested = True
-        if self.cgroup is not None:
+        mark, supervisor = self._run_mark, self._supervisor
+        if self.cgroup is not None and mark is not None:
+            if supervisor is not None:
+                supervisor.quiet()
+            self.cgroup.kill_run(mark)  # the supervisor stays for the next run
+        elif self.cgroup is not None:
             self.cgroup.kill_all()
         running = self._running
         if running is not None and running.poll() is None:
@@ -372,6 +419,8 @@ class BwrapDriver:
             args.append("--disable-userns")
         args += base_system_args(self.root, uid, gid)
         args += ["--proc", "/proc", "--dev", "/dev"]
+        # The sandbox's /dev/shm is on its own tmpfs (bounded by disk_mb), not the host's.
+        args += ["--bind", str(self.workspace.shm), "/dev/shm"]  # noqa: S108
         args += ["--bind", str(self.workspace.work), WORK_DIR]
         args += ["--bind", str(self.workspace.tmp), TMP_DIR]
         if self.image_path is not None:
@@ -409,7 +458,229 @@ class BwrapDriver:
         with self._lock:  # one command at a time: they share the cgroup's counters
             if not self._args:
                 raise SandboxError("the sandbox is not open (use it as a context manager)")
+            if self._supervised_next() and _request_size(argv, env) <= MAX_SUPERVISED_REQUEST:
+                return self._run_supervised(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
             return self._run_locked(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
+
+    def evaluate(
+        self,
+        argv: Sequence[str],
+        *,
+        files: Mapping[str, str | bytes],
+        stdin: str | bytes | None,
+        timeout: float,
+        env: Mapping[str, str] | None,
+    ) -> ExecResult:
+        """One zygote evaluation: empty the sandbox's files, write ``files``, run ``argv``."""
+        with self._lock:
+            if not self._args:
+                raise SandboxError("the zygote is closed")
+            if self.cgroup is None:
+                raise SandboxError("a zygote needs a cgroup to tell evaluations apart")
+            # The previous evaluation's processes are all dead (killed when it ended), so
+            # nothing can write while the files are removed.
+            self.workspace.clear()
+            for path, content in files.items():
+                self.workspace.write_file(path, content)
+            return self._run_supervised(argv, stdin, timeout, WORK_DIR, env, None, None)
+
+    def start_supervisor_now(self) -> None:
+        """Starts the supervisor ahead of the first run (a zygote pays its imports up front)."""
+        with self._lock:
+            if self.cgroup is None:
+                raise SandboxError("a supervisor needs the sandbox's cgroup")
+            if self.supervisor_memory_mb != SUPERVISOR_MEMORY_MB:
+                total = self.spec.memory_mb + self.spec.disk_mb + self.supervisor_memory_mb
+                self.cgroup.set_limits(memory_mb=total, pids=None, cpu=None)
+            if self._supervisor is None:
+                try:
+                    self._start_supervisor()
+                except BaseException:
+                    self._stop_supervisor()
+                    raise
+
+    def _supervised_next(self) -> bool:
+        # Without a cgroup a run's processes cannot be told apart from the supervisor's.
+        if self.cgroup is None or self.supervise == "never":
+            return False
+        return self.supervise == "always" or self._runs > 0 or self.supervisor_mode != "exec"
+
+    # -- the supervisor -----------------------------------------------------------------------
+    def _start_supervisor(self) -> Supervisor:
+        assert self.cgroup is not None
+        self._runs += 1
+        mark = self.cgroup.begin_run(f"supervisor-{self._runs}", self.supervisor_memory_mb)
+        host_end, inside_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        passed = [inside_end.fileno()]
+        # Not --die-with-parent: that follows the host *thread* that started bwrap, and an
+        # episode's steps may come from other threads. The supervisor leaves (and its whole
+        # pid namespace with it) when the host's end of the control socket closes instead,
+        # which the kernel does when the host process dies.
+        args = [a for a in self._args if a != "--die-with-parent"]
+        args += ["--chdir", WORK_DIR]
+        if self._seccomp is not None:
+            program = seccomp.build_filter(
+                block_ip_sockets=self.spec.network == "none",
+                deny_message_queues=self.supervisor_mode == "python",
+            )
+            filter_fd = seccomp.filter_fd(program)
+            passed.append(filter_fd)
+            args += ["--seccomp", str(filter_fd)]
+        args += [
+            "--",
+            *supervisor_argv(
+                self.supervisor_mode,
+                inside_end.fileno(),
+                self.supervisor_preload,
+                self.supervisor_python if self.supervisor_mode == "python" else SUPERVISOR_PYTHON,
+            ),
+        ]
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=self.environment(),
+                pass_fds=tuple(passed),
+                preexec_fn=_make_preexec(mark.procs_paths, self._rlimits(), self.uid, self.gid),  # noqa: PLW1509
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            host_end.close()
+            self.cgroup.end_run(mark)
+            raise SandboxError(f"cannot start bwrap: {exc}") from exc
+        finally:
+            inside_end.close()
+            for fd in passed[1:]:
+                os.close(fd)
+        supervisor = Supervisor(proc, host_end)
+        self._supervisor, self._supervisor_mark = supervisor, mark
+        supervisor.wait_ready()
+        return supervisor
+
+    def _stop_supervisor(self) -> None:
+        supervisor, self._supervisor = self._supervisor, None
+        mark, self._supervisor_mark = self._supervisor_mark, None
+        if supervisor is not None:
+            supervisor.stop()
+        if self.cgroup is not None and mark is not None:
+            self.cgroup.kill_run(mark)
+            self.cgroup.end_run(mark)
+
+    def _killed_result(self, wall: float) -> ExecResult:
+        return ExecResult(
+            stdout="",
+            stderr="",
+            exit_code=128 + signal.SIGKILL,
+            signal=signal.SIGKILL,
+            wall_s=wall,
+            cpu_s=None,
+            peak_memory_mb=None,
+            timed_out=False,
+            oom_killed=False,
+            truncated=False,
+            image_digest=self.image_digest,
+        )
+
+    def _rlimits(self) -> list[tuple[int, int]]:
+        return [
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NOFILE, self.spec.open_files),
+            (resource.RLIMIT_FSIZE, self.spec.disk_mb * 1024 * 1024),
+        ]
+
+    def _run_supervised(
+        self,
+        argv: Sequence[str],
+        stdin: str | bytes | None,
+        timeout: float,
+        cwd: str,
+        env: Mapping[str, str] | None,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> ExecResult:
+        assert self.cgroup is not None
+        if cwd != IMAGE_DIR and not self.workspace.is_dir(cwd):
+            raise SandboxPathError(f"working directory {cwd!r} is not a directory in the sandbox")
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        limit = self.spec.output_limit_bytes
+        out, err = StreamCapture(limit, on_stdout), StreamCapture(limit, on_stderr)
+        self._kill_requested = False
+        for attempt in (1, 2):
+            supervisor = self._supervisor
+            if supervisor is None or not supervisor.alive:
+                self._stop_supervisor()
+                started = time.monotonic()
+                try:
+                    supervisor = self._start_supervisor()
+                except SandboxError:
+                    self._stop_supervisor()
+                    if not self._kill_requested:
+                        raise
+                    # Killed (closed from another thread) while its supervisor was starting.
+                    return self._killed_result(time.monotonic() - started)
+                except BaseException:
+                    self._stop_supervisor()
+                    raise
+            own_mark = self._supervisor_mark
+            assert own_mark is not None
+            self._runs += 1
+            mark = self.cgroup.begin_run(f"run-{self._runs}", self.spec.memory_mb)
+            started = time.monotonic()
+            self._run_mark = mark
+            try:
+                status, timed_out = supervisor.run(
+                    argv,
+                    cwd=cwd,
+                    env=self.environment(env),
+                    data=data,
+                    cgroup_procs=mark.child_procs_paths,
+                    own_cgroup_procs=own_mark.child_procs_paths,
+                    out=out,
+                    err=err,
+                    deadline=started + timeout,
+                    kill_run=functools.partial(self.cgroup.kill_run, mark),
+                )
+            except SupervisorGone:
+                self.cgroup.end_run(mark)
+                if self._kill_requested:
+                    return self._killed_result(time.monotonic() - started)
+                if attempt == 2:
+                    raise
+                continue  # it died between runs (nothing of this run started): start anew
+            finally:
+                self._run_mark = None
+                self.cgroup.kill_run(mark)
+            break
+        wall = time.monotonic() - started
+        out.finish()
+        err.finish()
+        cpu_s, peak, oom = self.cgroup.end_run(mark)
+        if supervisor is not None and not supervisor.alive:
+            self._stop_supervisor()
+        sig: int | None = None
+        if status is None:  # the supervisor died with the run (or never answered): killed
+            sig, code = signal.SIGKILL, 128 + signal.SIGKILL
+        elif os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            code = 128 + sig
+        else:
+            code = os.WEXITSTATUS(status)
+            if 128 < code <= 128 + 64:  # as a shell reports a killed command (and bwrap runs)
+                sig = code - 128
+        return ExecResult(
+            stdout=out.text,
+            stderr=err.text,
+            exit_code=code,
+            signal=sig,
+            wall_s=wall,
+            cpu_s=cpu_s,
+            peak_memory_mb=peak,
+            timed_out=timed_out,
+            oom_killed=oom,
+            truncated=out.truncated or err.truncated,
+            image_digest=self.image_digest,
+        )
 
     def _run_locked(
         self,
@@ -436,11 +707,7 @@ class BwrapDriver:
             passed.append(filter_fd)
             args += ["--seccomp", str(filter_fd)]
         args += ["--", INIT_SHELL, "-c", INIT_SCRIPT, "sandbox-init", *argv]
-        rlimits = [
-            (resource.RLIMIT_CORE, 0),
-            (resource.RLIMIT_NOFILE, self.spec.open_files),
-            (resource.RLIMIT_FSIZE, self.spec.disk_mb * 1024 * 1024),
-        ]
+        rlimits = self._rlimits()
         procs_paths = mark.procs_paths if mark is not None else []
         data = stdin.encode() if isinstance(stdin, str) else stdin
         limit = self.spec.output_limit_bytes

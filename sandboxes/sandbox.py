@@ -90,7 +90,17 @@ class Sandbox:
     (only ever non-empty when the spec's ``allow_weaker`` permitted it).
     """
 
-    def __init__(self, spec: SandboxSpec | Mapping[str, Any] | None = None):
+    def __init__(
+        self, spec: SandboxSpec | Mapping[str, Any] | None = None, *, supervise: str | None = None
+    ):
+        """``supervise`` (bwrap only): when runs go through the sandbox's supervisor instead of
+        a bwrap each: ``"after-first"`` (the default), ``"always"`` or ``"never"`` (quicker
+        for a sandbox used for one or two runs on a busy machine; see the package docstring).
+        ``SANDBOXES_SUPERVISE`` sets the default.
+        """
+        if supervise is not None and supervise not in ("after-first", "always", "never"):
+            raise SandboxError("supervise must be 'after-first', 'always' or 'never'")
+        self.supervise = supervise
         if spec is None:
             spec = SandboxSpec()
         elif not isinstance(spec, SandboxSpec):
@@ -113,6 +123,8 @@ class Sandbox:
 
         reap_once()
         driver = make_driver(self.spec, self.name)
+        if self.supervise is not None and hasattr(driver, "supervise"):
+            driver.supervise = self.supervise
         driver.start()
         self._driver = driver
         _open_sandboxes.add(self)

@@ -3,7 +3,8 @@
 It is a second wall behind the namespaces: calls a sandboxed program never needs and that
 have a history of kernel escapes fail with EPERM (ptrace, mount and the new mount API,
 unshare/setns, keyrings, bpf, perf, userfaultfd, io_uring, kexec and modules, clock and
-swap changes, handle-based opens, cross-process memory access). With ``network="none"``,
+swap changes, handle-based opens, cross-process memory access, taking another process's
+descriptors with pidfd_getfd). With ``network="none"``,
 creating AF_INET/AF_INET6 sockets fails too, so there is no network at all, not even a
 private loopback. Calls from another ABI (i386 ``int 0x80``, x32) are refused outright,
 since their numbers would slip past the table.
@@ -54,8 +55,11 @@ _DENIED_AARCH64 = {
 _DENIED_COMMON = {
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
     "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "mount_setattr": 442,
+    "mount_setattr": 442, "pidfd_getfd": 438,
 }  # fmt: skip
+#: POSIX message queues outlive their processes in the ipc namespace and cannot be listed
+#: without mounting mqueue: a zygote (one namespace, many samples) forbids them.
+_MQ_OPEN = {"x86_64": 240, "aarch64": 180}
 _SOCKET = {"x86_64": 41, "aarch64": 198}
 
 
@@ -70,11 +74,13 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-@lru_cache(maxsize=2)
-def build_filter(block_ip_sockets: bool) -> bytes:
+@lru_cache(maxsize=4)
+def build_filter(block_ip_sockets: bool, deny_message_queues: bool = False) -> bytes:
     machine = platform.machine()
     table = _DENIED_X86_64 if machine == "x86_64" else _DENIED_AARCH64
     denied = sorted(set(table.values()) | set(_DENIED_COMMON.values()))
+    if deny_message_queues:
+        denied = sorted({*denied, _MQ_OPEN[machine]})
     deny = SECCOMP_RET_ERRNO | errno.EPERM
     # Program: check arch -> load nr -> x32 check -> one JEQ per denied call -> socket check.
     program: list[bytes] = []

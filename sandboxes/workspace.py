@@ -100,6 +100,15 @@ class Workspace:
     def tmp(self) -> Path:
         return self.path / "tmp"
 
+    @property
+    def shm(self) -> Path:
+        """The sandbox's /dev/shm: on the same tmpfs, so ``disk_mb`` bounds it too."""
+        return self.path / "shm"
+
+    @property
+    def writable_dirs(self) -> tuple[Path, ...]:
+        return (self.work, self.tmp, self.shm)
+
     def create(self) -> str | None:
         """Creates the storage; returns why the size limit is missing, or None."""
         ensure_root(self.path.parent)
@@ -113,11 +122,34 @@ class Workspace:
             self.limited = True
         except OSError as exc:
             missing = f"cannot mount a size-limited tmpfs: {exc.strerror}"
-        for sub in (self.work, self.tmp):
+        for sub in self.writable_dirs:
             sub.mkdir(mode=0o700)
             if self.uid is not None and self.gid is not None:
                 os.chown(sub, self.uid, self.gid)
         return missing
+
+    def clear(self) -> None:
+        """Empties /work, /tmp and /dev/shm (no process of the sandbox may be running).
+
+        The directories themselves stay (they are mount points inside the sandbox) and get
+        their owner and mode back, whatever the last program did to them. ``rmtree`` works
+        through directory descriptors, so a symlink planted inside is removed, never followed.
+        """
+        for sub in self.writable_dirs:
+            info = os.lstat(sub)
+            if not stat.S_ISDIR(info.st_mode):
+                raise SandboxError(f"{sub} is no longer a directory")
+            os.chmod(sub, 0o700)
+            if self.uid is not None and self.gid is not None:
+                os.chown(sub, self.uid, self.gid)
+            with os.scandir(sub) as entries:
+                names = [entry.name for entry in entries]
+            for name in names:
+                path = sub / name
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
 
     def remove(self) -> None:
         if self.limited or is_mount_point(self.path):

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes import ExecResult, Sandbox, SandboxPathError, SandboxSpec
+from sandboxes import ExecResult, PythonZygote, Sandbox, SandboxPathError, SandboxSpec
 from tests.sandboxes.conftest import assert_nothing_left
 
 
@@ -461,3 +461,63 @@ def test_nothing_of_a_previous_sandbox_is_visible_in_the_next():
     assert result.exit_code != 0  # cat: no such file
     assert_nothing_left(first.name)
     assert_nothing_left(second.name)
+
+
+# -- the same hostile programs through the supervisor and the zygote ------------------------------
+#: What differs on these paths and why: the supervisor stays pid 1 across runs, so the program
+#: of a second run is pid 3 (pid 2 was the warm-up run's command or evaluation).
+_SECOND_RUN_CHECKS: dict[str, Callable[[ExecResult], None]] = {
+    "reading the host environment and /proc/1/environ": _expect("processes visible: [1, 3]"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_program_in_a_supervised_run_ends_safely_and_leaves_nothing(
+    name, canary, monkeypatch
+):
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", "always")
+    case = HOSTILE[name]
+    marker = f"hostile-{uuid.uuid4().hex}"
+    spec = SandboxSpec(**{"timeout_s": 5, "memory_mb": 128, "pids": 32, **case.spec})
+    sandbox = Sandbox(spec)
+    with sandbox:
+        assert sandbox.run(["true"]).exit_code == 0  # the supervisor is up and has run once
+        result = sandbox.run(
+            ["python3", "-c", textwrap.dedent(case.code), marker],
+            stdin=case.stdin,
+            timeout=case.timeout,
+        )
+        _SECOND_RUN_CHECKS.get(name, case.check)(result)
+        after = sandbox.run(["sh", "-c", "ls /proc | grep -c '^[0-9]'"])
+        assert after.exit_code == 0 and int(after.stdout) <= 4, after  # nothing of it is left
+    assert canary not in result.stdout and canary not in result.stderr
+    assert_nothing_left(sandbox.name, marker)
+    assert not any(p.exists() for p in HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE)
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_program_as_a_zygote_evaluation_ends_safely_and_leaves_nothing(name, canary):
+    case = HOSTILE[name]
+    marker = f"hostile-{uuid.uuid4().hex}"
+    spec = SandboxSpec(**{"timeout_s": 5, "memory_mb": 128, "pids": 32, **case.spec})
+    zygote = PythonZygote(spec)
+    with zygote:
+        assert zygote.evaluate("warm.py", files={"warm.py": "pass"}).exit_code == 0
+        result = zygote.evaluate(
+            "hostile.py",
+            marker,
+            files={"hostile.py": textwrap.dedent(case.code)},
+            stdin=case.stdin,
+            timeout=case.timeout,
+        )
+        _SECOND_RUN_CHECKS.get(name, case.check)(result)
+        after = zygote.evaluate(
+            "after.py",
+            files={"after.py": "import os; print(sorted(os.listdir('/work')), os.getpid())"},
+        )
+        assert after.exit_code == 0, after
+        # The next evaluation sees only its own file and runs right after pid 1's last child.
+        assert after.stdout.startswith("['after.py']"), after
+    assert canary not in result.stdout and canary not in result.stderr
+    assert_nothing_left(zygote.name, marker)
+    assert not any(p.exists() for p in HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE)
