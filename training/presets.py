@@ -65,5 +65,6 @@ def learning_run_dict(
         "eval": {"tasks_per_domain": HELD_OUT_TASKS, "greedy": True, "every_steps": eval_every},
         "deepspeed": {"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0},
         "rollout": {"engine": "hf"},
+        "tools": {"enabled": bool(domain.tools)},
         "checkpoint": {"save_final": False, "resume": "none"},
     }
