@@ -699,23 +699,7 @@ class _Run:
         spec = self.spec
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        drawn = self.sampler.draw(self.weights, spec.batch.prompts_per_step)
-        mine = [(g, *drawn[g]) for g in shard_groups(len(drawn), self.rank, self.world)]
-        t = time.perf_counter()
-        self.tool_seconds = 0.0
-        samples = self.rollout(
-            mine,
-            spec.batch.group_size,
-            self.temperature,
-            _seed_for(spec.seed, self.step, self.rank),
-        )
-        # Tool phases run inside the rollout (episodes interleave generation and tools); their
-        # elapsed time is split out, so rollout + tools is the stage's wall time.
-        timings["timing_s/rollout"] = time.perf_counter() - t - self.tool_seconds
-        timings["timing_s/tools"] = self.tool_seconds
-        t = time.perf_counter()
-        self.score(samples)
-        timings["timing_s/reward"] = time.perf_counter() - t
+        samples, trained, drawn, generation = self.generate(timings)
 
         t = time.perf_counter()
         # Each forward-only pass runs once per step over the samples (every rank: under ZeRO-3
@@ -723,15 +707,15 @@ class _Run:
         algorithm = spec.algorithm_config(kl_coef=self.kl_coef)
         reference = self.trainer.reference_model is not None
         ref_for_samples = (
-            _per_sample_tokens(samples, lambda rows: self.trainer.logprobs(rows, reference=True))
+            _per_sample_tokens(trained, lambda rows: self.trainer.logprobs(rows, reference=True))
             if reference
             else None
         )
         needs_current = spec.batch.epochs * spec.batch.mini_batches > 1 or (
             algorithm.kl_in_reward and reference and self.kl_coef > 0
         )
-        current = _per_sample_tokens(samples, self.trainer.logprobs) if needs_current else None
-        rows, row_ref, adv_metrics = self.training_rows(samples, ref_for_samples, current)
+        current = _per_sample_tokens(trained, self.trainer.logprobs) if needs_current else None
+        rows, row_ref, adv_metrics = self.training_rows(trained, ref_for_samples, current)
         train_metrics: dict[str, list[float]] = {}
         self.trainer.set_lr(self.learning_rate())
         for _ in range(spec.batch.epochs):
@@ -766,6 +750,7 @@ class _Run:
         for key, values in train_metrics.items():
             metrics[key] = values[-1] if key in ("actor/lr",) else float(np.mean(values))
         metrics.update(adv_metrics)
+        metrics.update(generation)
         metrics.update(timings)
         metrics["perf/throughput"] = metrics["perf/num_tokens"] / max(
             timings["timing_s/step"], 1e-9
@@ -788,6 +773,75 @@ class _Run:
         if change is not None:
             self.sink.event(*change)
         return metrics
+
+    def generate(
+        self, timings: dict[str, float]
+    ) -> tuple[list[_Sampled], list[_Sampled], list[tuple[str, dict[str, Any]]], dict[str, float]]:
+        """Draw, roll out and score this step's prompts; with ``max_generation_rounds`` > 1
+        (DAPO's dynamic sampling), keep drawing until ``prompts_per_step`` groups have rewards
+        that differ. Returns every sample generated (metrics and trajectories see them all),
+        the samples to train on, the prompts drawn, and the generation metrics."""
+        spec = self.spec
+        per_round = spec.batch.prompts_per_step
+        rounds_allowed = spec.batch.max_generation_rounds
+        dynamic = rounds_allowed > 1
+        samples: list[_Sampled] = []
+        drawn: list[tuple[str, dict[str, Any]]] = []
+        rollout_s = tools_s = reward_s = 0.0
+        rounds = 0
+        varied_groups: list[int] = []
+        while True:
+            batch = self.sampler.draw(self.weights, per_round)
+            offset = len(drawn)  # group ids stay unique across rounds
+            drawn.extend(batch)
+            mine = [
+                (offset + g, *batch[g]) for g in shard_groups(len(batch), self.rank, self.world)
+            ]
+            # Round 0 keeps the seed a run without dynamic sampling uses (resume tests pin it).
+            seed = _seed_for(spec.seed, self.step, self.rank, *([rounds] if rounds else []))
+            t = time.perf_counter()
+            self.tool_seconds = 0.0
+            fresh = self.rollout(mine, spec.batch.group_size, self.temperature, seed)
+            # Tool phases run inside the rollout (episodes interleave generation and tools);
+            # their elapsed time is split out, so rollout + tools is the stage's wall time.
+            rollout_s += time.perf_counter() - t - self.tool_seconds
+            tools_s += self.tool_seconds
+            t = time.perf_counter()
+            self.score(fresh)
+            reward_s += time.perf_counter() - t
+            samples.extend(fresh)
+            rounds += 1
+            if not dynamic:
+                break
+            varied_groups = _varied_groups(samples)
+            # Every rank must take the same decision (the next round is a collective).
+            enough = sum(_gather([len(varied_groups)], self.world)) >= per_round
+            if enough or rounds >= rounds_allowed:
+                break
+        timings["timing_s/rollout"] = rollout_s
+        timings["timing_s/tools"] = tools_s
+        timings["timing_s/reward"] = reward_s
+        if not dynamic:
+            return samples, samples, drawn, {}
+        # This rank's share of the batch: as many groups as its shard of one round.
+        share = len(shard_groups(per_round, self.rank, self.world))
+        chosen = set(varied_groups[:share])
+        trained = [s for s in samples if s.group in chosen]
+        generation = {
+            "batch/generation_rounds": float(rounds),
+            "batch/varied_groups": float(sum(_gather([len(varied_groups)], self.world))),
+        }
+        if rounds >= rounds_allowed and sum(_gather([len(chosen)], self.world)) < per_round:
+            self.sink.event(
+                "batch.short",
+                {
+                    "step": self.step + 1,
+                    "rounds": rounds,
+                    "varied_groups": generation["batch/varied_groups"],
+                    "wanted": per_round,
+                },
+            )
+        return samples, trained, drawn, generation
 
     def learning_rate(self) -> float:
         """This step's learning rate: ``lr``, ramped linearly over ``lr_warmup_steps``."""
@@ -847,6 +901,14 @@ class _Run:
         for rubric in self.rubrics.values():
             rubric.close()
         self.engine.close()
+
+
+def _varied_groups(samples: Sequence[_Sampled]) -> list[int]:
+    """The groups (in order of first appearance) whose rewards are not all equal."""
+    rewards: dict[int, list[float]] = {}
+    for s in samples:
+        rewards.setdefault(s.group, []).append(s.reward)
+    return [g for g, values in rewards.items() if max(values) - min(values) > 1e-6]
 
 
 def _per_sample_tokens(

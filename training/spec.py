@@ -18,7 +18,7 @@ Sections (all optional except ``base_model`` and ``domains``)::
       "algorithm": {"algorithm": "grpo", "clip_high": 0.28, ...},   # training.algorithms
       "kl": {"coef": 0.0, "estimator": "k3", "in_reward": false, "reference": true},
       "batch": {"prompts_per_step": 8, "group_size": 4, "micro_batch_tokens": 4096,
-                "epochs": 1, "mini_batches": 1},
+                "epochs": 1, "mini_batches": 1, "max_generation_rounds": 1},
       "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48},
       "domains": [{"name": "arithmetic", "weight": 1.0, "rubric_spec": {...},
                    "tasks": [...] | "task_source": {"kind": "demo"|"jsonl", ...},
@@ -190,6 +190,12 @@ class BatchSpec:
     ``micro_batch_tokens`` is the token budget of one forward/backward pass (padded tokens:
     rows x longest row); ``mini_batches`` splits a step's batch into that many optimiser
     steps and ``epochs`` repeats them (PPO-style reuse; 1 and 1 is plain on-policy).
+
+    ``max_generation_rounds`` > 1 turns on DAPO's dynamic sampling (verl's
+    ``algorithm.filter_groups`` with ``max_num_gen_batches``): while fewer than
+    ``prompts_per_step`` groups have rewards that differ, another ``prompts_per_step`` prompts
+    are drawn, rolled out and scored, up to this many rounds in all; the step then trains on
+    the first ``prompts_per_step`` varied groups (on fewer, if the rounds ran out).
     """
 
     prompts_per_step: int = 8
@@ -197,6 +203,7 @@ class BatchSpec:
     micro_batch_tokens: int = 4096
     epochs: int = 1
     mini_batches: int = 1
+    max_generation_rounds: int = 1
 
 
 @dataclass(frozen=True)
@@ -493,6 +500,9 @@ def _batch(check: _Checker, data: dict[str, Any]) -> BatchSpec:
         ),
         epochs=check.integer(data, "epochs", "batch.epochs", 1, low=1),
         mini_batches=check.integer(data, "mini_batches", "batch.mini_batches", 1, low=1),
+        max_generation_rounds=check.integer(
+            data, "max_generation_rounds", "batch.max_generation_rounds", 1, low=1
+        ),
     )
 
 

