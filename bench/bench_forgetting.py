@@ -58,10 +58,13 @@ Say = Callable[..., None]
 @dataclass(frozen=True)
 class ForgettingConfig:
     domains: tuple[str, str] = ("parity", "json_format")
-    steps: int = 24  # steps per domain (mixed gets twice as many)
+    steps: int = 48  # steps per domain (mixed gets twice as many); parity takes 24-40 (preset)
     prompts_per_step: int = 16
     group_size: int = 8
-    lr: float = 1e-3
+    # The learning preset's (training/presets.py): lr 1e-3 without a warm-up broke the answer
+    # format or collapsed the policy on demo recipe 5 (bench/README.md, "Levers").
+    lr: float = 3e-4
+    lr_warmup_steps: int = 8
     temperature: float = 1.2
     # One sequential+ewc row each. Measured (bench/README.md): 0.2 and 1 kept most of A and B
     # still learned; at 5, one seed kept A whole and did not learn B, the other learned both.
@@ -166,6 +169,7 @@ def phase_spec(
             "seed": config.seed,
             "max_steps": steps,
             "lr": config.lr,
+            "lr_warmup_steps": config.lr_warmup_steps,
             "algorithm": {"algorithm": "grpo"},
             # No KL to the base: forgetting is what is measured, not what a KL term would hold.
             "kl": {"coef": 0.0, "reference": False},
