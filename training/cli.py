@@ -58,6 +58,21 @@ def _format(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+# Events a person watching the terminal must see (the rest go to events.jsonl only).
+_SHOWN_EVENTS = frozenset(
+    {
+        "run.failed",
+        "run.preempted",
+        "run.cancelled",
+        "run.collapsed",
+        "run.collapse_recovered",
+        "train.skipped",
+        "batch.short",
+        "sink.trajectories_dropped",
+    }
+)
+
+
 class ConsoleSink:
     """Forwards to a `JsonlSink` and draws a progress bar plus one table row per step."""
 
@@ -102,7 +117,7 @@ class ConsoleSink:
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         self.inner.event(kind, data)
-        if kind in ("run.failed", "run.preempted", "run.cancelled") or kind.endswith("_changed"):
+        if kind in _SHOWN_EVENTS or kind.endswith("_changed"):
             shown = {k: v for k, v in data.items() if k != "traceback"}
             self._write(f"{kind}: {json.dumps(shown, default=str)}")
 
