@@ -10,6 +10,7 @@ is spooled to a temporary file in chunks with the size limit enforced while read
 
 import datetime as dt
 import tempfile
+from collections.abc import Callable
 from typing import Any, Literal
 
 from django.conf import settings
@@ -58,26 +59,70 @@ def _domain(request: HttpRequest, domain_id: int, role: str = Role.ANNOTATOR) ->
     return domain
 
 
-def _rubric(request: HttpRequest, rubric_id: int, role: str = Role.ANNOTATOR) -> Rubric:
+def _versioned(
+    request: HttpRequest, kind: services.VersionedKind, obj_id: int, role: str = Role.ANNOTATOR
+) -> Any:
     try:
-        rubric = selectors.rubric_get(pk=rubric_id)
-    except Rubric.DoesNotExist:
-        raise HttpError(404, "No such rubric") from None
-    if rubric.team_id != api_membership(request).team_id:
-        raise HttpError(404, "No such rubric")
+        obj = selectors.versioned_get(kind=kind, pk=obj_id)
+    except kind.model.DoesNotExist:  # type: ignore[attr-defined]
+        raise HttpError(404, f"No such {kind.label}") from None
+    # Another team's object does not exist for this token.
+    if obj.team_id != api_membership(request).team_id:
+        raise HttpError(404, f"No such {kind.label}")
     _member(request, role)
-    return rubric
+    return obj
+
+
+def _version(request: HttpRequest, kind: services.VersionedKind, obj_id: int, number: int) -> Any:
+    obj = _versioned(request, kind, obj_id)
+    try:
+        return selectors.versioned_version_get(kind=kind, obj=obj, number=number)
+    except kind.version_model.DoesNotExist:  # type: ignore[attr-defined]
+        raise HttpError(404, "No such version") from None
+
+
+def _rubric(request: HttpRequest, rubric_id: int, role: str = Role.ANNOTATOR) -> Rubric:
+    return _versioned(request, services.RUBRIC, rubric_id, role)  # type: ignore[no-any-return]
 
 
 def _image(request: HttpRequest, image_id: int, role: str = Role.ANNOTATOR) -> SandboxImage:
+    return _versioned(request, services.SANDBOX_IMAGE, image_id, role)  # type: ignore[no-any-return]
+
+
+def _update_meta(
+    request: HttpRequest, kind: services.VersionedKind, obj_id: int, payload: "MetaPatch"
+) -> Any:
+    obj = _versioned(request, kind, obj_id, Role.RESEARCHER)
+    values = {"slug": obj.slug, "title": obj.title, "description": obj.description}
+    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
     try:
-        image = selectors.sandbox_image_get(pk=image_id)
-    except SandboxImage.DoesNotExist:
-        raise HttpError(404, "No such sandbox image") from None
-    if image.team_id != api_membership(request).team_id:
-        raise HttpError(404, "No such sandbox image")
-    _member(request, role)
-    return image
+        services.versioned_update(kind=kind, actor=request.user, obj=obj, **values)
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, _with_versions(selectors.versioned_get(kind=kind, pk=obj.pk))
+
+
+def _publish(
+    request: HttpRequest,
+    kind: services.VersionedKind,
+    obj_id: int,
+    number: int,
+    out: Callable[[Any], dict[str, Any]],
+) -> Any:
+    """Publish a draft: 409 if it is no longer one, 422 if its payload no longer passes the
+    kind's checks (they run again at publish, for every kind)."""
+    obj = _versioned(request, kind, obj_id, Role.RESEARCHER)
+    try:
+        version = selectors.versioned_version_get(kind=kind, obj=obj, number=number)
+    except kind.version_model.DoesNotExist:  # type: ignore[attr-defined]
+        raise HttpError(404, "No such version") from None
+    try:
+        services.versioned_publish(kind=kind, actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        return 409, {"detail": str(conflict)}
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, out(selectors.versioned_version_get(kind=kind, obj=obj, number=number))
 
 
 def _team_rubric(membership: Membership, rubric_id: int | None) -> Rubric | None:
@@ -550,23 +595,12 @@ def rubric_create(request: HttpRequest, payload: RubricIn) -> Any:
 
 @router.patch("/rubrics/{rubric_id}", response=answers({200: RubricOut, 422: ErrorOut}))
 def rubric_update(request: HttpRequest, rubric_id: int, payload: MetaPatch) -> Any:
-    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
-    values = {"slug": rubric.slug, "title": rubric.title, "description": rubric.description}
-    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
-    try:
-        services.rubric_update(actor=request.user, rubric=rubric, **values)
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _with_versions(selectors.rubric_get(pk=rubric.pk))
+    return _update_meta(request, services.RUBRIC, rubric_id, payload)
 
 
 @router.get("/rubrics/{rubric_id}/versions/{number}", response=answers({200: RubricVersionOut}))
 def rubric_version_get(request: HttpRequest, rubric_id: int, number: int) -> Any:
-    rubric = _rubric(request, rubric_id)
-    try:
-        return _rubric_version_out(selectors.rubric_version_get(rubric=rubric, number=number))
-    except RubricVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
+    return _rubric_version_out(_version(request, services.RUBRIC, rubric_id, number))
 
 
 @router.post(
@@ -593,18 +627,7 @@ def rubric_save_draft(request: HttpRequest, rubric_id: int, payload: SpecIn) -> 
     response=answers({200: RubricVersionOut, 409: ErrorOut, 422: ErrorOut}),
 )
 def rubric_version_publish(request: HttpRequest, rubric_id: int, number: int) -> Any:
-    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
-    try:
-        version = selectors.rubric_version_get(rubric=rubric, number=number)
-    except RubricVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
-    try:
-        services.rubric_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        return 409, {"detail": str(conflict)}
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _rubric_version_out(selectors.rubric_version_get(rubric=rubric, number=number))
+    return _publish(request, services.RUBRIC, rubric_id, number, _rubric_version_out)
 
 
 # --- sandbox images -------------------------------------------------------------------------------
@@ -642,25 +665,14 @@ def sandbox_image_create(request: HttpRequest, payload: SandboxImageIn) -> Any:
 
 @router.patch("/sandbox-images/{image_id}", response=answers({200: SandboxImageOut, 422: ErrorOut}))
 def sandbox_image_update(request: HttpRequest, image_id: int, payload: MetaPatch) -> Any:
-    image = _image(request, image_id, Role.RESEARCHER)
-    values = {"slug": image.slug, "title": image.title, "description": image.description}
-    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
-    try:
-        services.sandbox_image_update(actor=request.user, image=image, **values)
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _with_versions(selectors.sandbox_image_get(pk=image.pk))
+    return _update_meta(request, services.SANDBOX_IMAGE, image_id, payload)
 
 
 @router.get(
     "/sandbox-images/{image_id}/versions/{number}", response=answers({200: SandboxVersionOut})
 )
 def sandbox_image_version_get(request: HttpRequest, image_id: int, number: int) -> Any:
-    image = _image(request, image_id)
-    try:
-        return _sandbox_version_out(selectors.sandbox_image_version_get(image=image, number=number))
-    except SandboxImageVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
+    return _sandbox_version_out(_version(request, services.SANDBOX_IMAGE, image_id, number))
 
 
 @router.post(
@@ -683,18 +695,7 @@ def sandbox_image_save_draft(request: HttpRequest, image_id: int, payload: Sandb
 
 @router.post(
     "/sandbox-images/{image_id}/versions/{number}/publish",
-    response=answers({200: SandboxVersionOut, 409: ErrorOut}),
+    response=answers({200: SandboxVersionOut, 409: ErrorOut, 422: ErrorOut}),
 )
 def sandbox_image_version_publish(request: HttpRequest, image_id: int, number: int) -> Any:
-    image = _image(request, image_id, Role.RESEARCHER)
-    try:
-        version = selectors.sandbox_image_version_get(image=image, number=number)
-    except SandboxImageVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
-    try:
-        services.sandbox_image_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        return 409, {"detail": str(conflict)}
-    return 200, _sandbox_version_out(
-        selectors.sandbox_image_version_get(image=image, number=number)
-    )
+    return _publish(request, services.SANDBOX_IMAGE, image_id, number, _sandbox_version_out)

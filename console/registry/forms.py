@@ -68,10 +68,15 @@ class ResplitForm(forms.Form):
     split_seed = forms.IntegerField(min_value=-(2**63), max_value=2**63 - 1, label="Seed")
 
 
-class RubricMetaForm(forms.Form):
+class VersionedMetaForm(forms.Form):
+    """The name of any versioned object (rubric, sandbox image): its versions are edited apart."""
+
     slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
     title = forms.CharField(max_length=200)
     description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+
+RubricMetaForm = VersionedMetaForm
 
 
 class RubricSourceForm(forms.Form):
@@ -112,10 +117,7 @@ class TrySampleForm(forms.Form):
     )
 
 
-class SandboxImageMetaForm(forms.Form):
-    slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
-    title = forms.CharField(max_length=200)
-    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+SandboxImageMetaForm = VersionedMetaForm
 
 
 def _limit_field(name: str, label: str, help_text: str, integral: bool = True) -> forms.Field:

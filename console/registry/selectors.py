@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
 from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
 
@@ -16,6 +17,7 @@ from console.registry.models import (
     Task,
     VersionStatus,
 )
+from console.registry.services import RUBRIC, SANDBOX_IMAGE, VersionedKind
 
 
 def _search(queryset: QuerySet, query: str, fields: tuple[str, ...]) -> QuerySet:
@@ -45,9 +47,7 @@ def domain_tasks(*, domain: Domain, split: str = "") -> QuerySet[Task]:
     return tasks.order_by("index")
 
 
-def _latest_published(
-    model: type[RubricVersion] | type[SandboxImageVersion], parent_field: str
-) -> Subquery:
+def _latest_published(model: type[Any], parent_field: str) -> Subquery:
     return Subquery(
         model.objects.filter(**{parent_field: OuterRef("pk")}, status=VersionStatus.PUBLISHED)
         .order_by("-number")
@@ -55,32 +55,59 @@ def _latest_published(
     )
 
 
-def rubric_list(*, team: Team | int, query: str = "") -> QuerySet[Rubric]:
-    rubrics = Rubric.objects.filter(team=team).annotate(
+# --- versioned objects (rubrics, sandbox images): the same reads for every kind ------------------
+
+
+def versioned_list(*, kind: VersionedKind, team: Team | int, query: str = "") -> QuerySet:
+    """The team's objects of a kind, each with how many versions it has, whether one is a draft
+    and its newest published number (None: nothing a run could use yet)."""
+    objects = kind.model.objects.filter(team=team).annotate(  # type: ignore[attr-defined]
         version_count=Count("versions", distinct=True),
         draft_count=Count(
             "versions", filter=Q(versions__status=VersionStatus.DRAFT), distinct=True
         ),
-        latest_published=_latest_published(RubricVersion, "rubric"),
+        latest_published=_latest_published(kind.version_model, kind.parent_field),
     )
-    return _search(rubrics, query, ("slug", "title", "description")).order_by("slug")
+    return _search(objects, query, ("slug", "title", "description")).order_by("slug")
 
 
-def rubric_get(*, pk: int) -> Rubric:
-    versions = RubricVersion.objects.select_related("created_by", "published_by").order_by(
-        "-number"
-    )
+def versioned_get(*, kind: VersionedKind, pk: int) -> Any:
+    """The object with its team (for the access check) and its versions, newest first; raises
+    the model's DoesNotExist."""
+    versions = kind.version_model.objects.select_related(  # type: ignore[attr-defined]
+        "created_by", "published_by"
+    ).order_by("-number")
     return (
-        Rubric.objects.select_related("team", "created_by")
+        kind.model.objects.select_related("team", "created_by")  # type: ignore[attr-defined]
         .prefetch_related(Prefetch("versions", queryset=versions))
         .get(pk=pk)
     )
 
 
+def versioned_version_get(*, kind: VersionedKind, obj: Any, number: int) -> Any:
+    return kind.version_model.objects.select_related(  # type: ignore[attr-defined]
+        f"{kind.parent_field}__team", "created_by", "published_by"
+    ).get(**{kind.parent_field: obj}, number=number)
+
+
+def versioned_draft(*, kind: VersionedKind, obj: Any) -> Any:
+    return kind.versions(obj).filter(status=VersionStatus.DRAFT).first()
+
+
+def versioned_latest(*, kind: VersionedKind, obj: Any) -> Any:
+    return kind.versions(obj).order_by("-number").first()
+
+
+def rubric_list(*, team: Team | int, query: str = "") -> QuerySet[Rubric]:
+    return versioned_list(kind=RUBRIC, team=team, query=query)
+
+
+def rubric_get(*, pk: int) -> Rubric:
+    return versioned_get(kind=RUBRIC, pk=pk)  # type: ignore[no-any-return]
+
+
 def rubric_version_get(*, rubric: Rubric, number: int) -> RubricVersion:
-    return RubricVersion.objects.select_related("rubric__team", "created_by", "published_by").get(
-        rubric=rubric, number=number
-    )
+    return versioned_version_get(kind=RUBRIC, obj=rubric, number=number)  # type: ignore[no-any-return]
 
 
 def rubric_version_changes(*, version: RubricVersion) -> list[tuple[str, str]]:
@@ -105,11 +132,11 @@ def rubric_version_changes(*, version: RubricVersion) -> list[tuple[str, str]]:
 
 
 def rubric_draft(*, rubric: Rubric) -> RubricVersion | None:
-    return rubric.versions.filter(status=VersionStatus.DRAFT).first()
+    return versioned_draft(kind=RUBRIC, obj=rubric)  # type: ignore[no-any-return]
 
 
 def rubric_latest(*, rubric: Rubric) -> RubricVersion | None:
-    return rubric.versions.order_by("-number").first()
+    return versioned_latest(kind=RUBRIC, obj=rubric)  # type: ignore[no-any-return]
 
 
 def rubric_choices(*, team: Team | int) -> QuerySet[Rubric]:
@@ -117,40 +144,46 @@ def rubric_choices(*, team: Team | int) -> QuerySet[Rubric]:
 
 
 def sandbox_image_list(*, team: Team | int, query: str = "") -> QuerySet[SandboxImage]:
-    images = SandboxImage.objects.filter(team=team).annotate(
-        version_count=Count("versions", distinct=True),
-        latest_published=_latest_published(SandboxImageVersion, "image"),
-    )
-    return _search(images, query, ("slug", "title", "description")).order_by("slug")
+    return versioned_list(kind=SANDBOX_IMAGE, team=team, query=query)
 
 
 def sandbox_image_get(*, pk: int) -> SandboxImage:
-    versions = SandboxImageVersion.objects.select_related("created_by", "published_by").order_by(
-        "-number"
-    )
-    return (
-        SandboxImage.objects.select_related("team", "created_by")
-        .prefetch_related(Prefetch("versions", queryset=versions))
-        .get(pk=pk)
-    )
+    return versioned_get(kind=SANDBOX_IMAGE, pk=pk)  # type: ignore[no-any-return]
 
 
 def sandbox_image_version_get(*, image: SandboxImage, number: int) -> SandboxImageVersion:
-    return SandboxImageVersion.objects.select_related(
-        "image__team", "created_by", "published_by"
-    ).get(image=image, number=number)
+    return versioned_version_get(kind=SANDBOX_IMAGE, obj=image, number=number)  # type: ignore[no-any-return]
 
 
 def sandbox_image_draft(*, image: SandboxImage) -> SandboxImageVersion | None:
-    return image.versions.filter(status=VersionStatus.DRAFT).first()
+    return versioned_draft(kind=SANDBOX_IMAGE, obj=image)  # type: ignore[no-any-return]
 
 
 def sandbox_image_latest(*, image: SandboxImage) -> SandboxImageVersion | None:
-    return image.versions.order_by("-number").first()
+    return versioned_latest(kind=SANDBOX_IMAGE, obj=image)  # type: ignore[no-any-return]
 
 
 def sandbox_image_choices(*, team: Team | int) -> QuerySet[SandboxImage]:
     return SandboxImage.objects.filter(team=team).order_by("slug")
+
+
+def _has_published(kind: VersionedKind, obj: Any) -> bool:
+    return kind.versions(obj).filter(status=VersionStatus.PUBLISHED).exists()
+
+
+def domain_blockers(*, domain: Domain) -> list[str]:
+    """Why a run could not train on the domain yet, in words for its page; empty when it can.
+    A run pins a published rubric version (and image version, when the domain uses one)."""
+    blockers = []
+    if domain.task_count == 0:
+        blockers.append("it has no tasks: upload a task set")
+    if domain.rubric is None:
+        blockers.append("it has no reward rubric")
+    elif not _has_published(RUBRIC, domain.rubric):
+        blockers.append(f"rubric {domain.rubric.slug} has no published version yet")
+    if domain.sandbox_image is not None and not _has_published(SANDBOX_IMAGE, domain.sandbox_image):
+        blockers.append(f"sandbox image {domain.sandbox_image.slug} has no published version yet")
+    return blockers
 
 
 def registry_counts(*, team: Team | int) -> dict[str, int]:

@@ -11,10 +11,10 @@ urlpatterns = [
     path("domains/<int:pk>/edit/", views.domain_edit, name="domain_edit"),
     path("domains/<int:pk>/upload/", views.domain_upload, name="domain_upload"),
     path("domains/<int:pk>/split/", views.domain_resplit, name="domain_resplit"),
-    path("rubrics/", views.rubric_list, name="rubric_list"),
+    path("rubrics/", views.versioned_list, {"kind": "rubric"}, name="rubric_list"),
     path("rubrics/new/", views.rubric_create, name="rubric_create"),
-    path("rubrics/<int:pk>/", views.rubric_detail, name="rubric_detail"),
-    path("rubrics/<int:pk>/edit/", views.rubric_edit, name="rubric_edit"),
+    path("rubrics/<int:pk>/", views.versioned_detail, {"kind": "rubric"}, name="rubric_detail"),
+    path("rubrics/<int:pk>/edit/", views.versioned_edit, {"kind": "rubric"}, name="rubric_edit"),
     path("rubrics/<int:pk>/draft/", views.rubric_draft, name="rubric_draft"),
     path("rubrics/<int:pk>/versions/<int:number>/", views.rubric_version, name="rubric_version"),
     path(
@@ -24,13 +24,29 @@ urlpatterns = [
     ),
     path(
         "rubrics/<int:pk>/versions/<int:number>/publish/",
-        views.rubric_version_publish,
+        views.versioned_version_publish,
+        {"kind": "rubric"},
         name="rubric_version_publish",
     ),
-    path("sandbox-images/", views.sandbox_image_list, name="sandbox_image_list"),
+    path(
+        "sandbox-images/",
+        views.versioned_list,
+        {"kind": "sandbox_image"},
+        name="sandbox_image_list",
+    ),
     path("sandbox-images/new/", views.sandbox_image_create, name="sandbox_image_create"),
-    path("sandbox-images/<int:pk>/", views.sandbox_image_detail, name="sandbox_image_detail"),
-    path("sandbox-images/<int:pk>/edit/", views.sandbox_image_edit, name="sandbox_image_edit"),
+    path(
+        "sandbox-images/<int:pk>/",
+        views.versioned_detail,
+        {"kind": "sandbox_image"},
+        name="sandbox_image_detail",
+    ),
+    path(
+        "sandbox-images/<int:pk>/edit/",
+        views.versioned_edit,
+        {"kind": "sandbox_image"},
+        name="sandbox_image_edit",
+    ),
     path("sandbox-images/<int:pk>/draft/", views.sandbox_image_draft, name="sandbox_image_draft"),
     path(
         "sandbox-images/<int:pk>/versions/<int:number>/",
@@ -39,7 +55,8 @@ urlpatterns = [
     ),
     path(
         "sandbox-images/<int:pk>/versions/<int:number>/publish/",
-        views.sandbox_image_version_publish,
+        views.versioned_version_publish,
+        {"kind": "sandbox_image"},
         name="sandbox_image_version_publish",
     ),
 ]

@@ -8,6 +8,7 @@ inline: an htmx POST carrying `_validate` re-renders the form with its errors an
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -30,7 +31,6 @@ from console.registry.models import (
     Rubric,
     RubricVersion,
     SandboxImage,
-    SandboxImageVersion,
     TaskSplit,
 )
 from console.registry.uploads import SizeLimitHandler
@@ -51,44 +51,46 @@ def _domain_for(
     return domain, require_team_role(request.user, domain.team, role)
 
 
+def _versioned_for(
+    request: HttpRequest, kind: services.VersionedKind, pk: int, role: str = Role.ANNOTATOR
+) -> tuple[Any, Membership]:
+    try:
+        obj = selectors.versioned_get(kind=kind, pk=pk)
+    except kind.model.DoesNotExist:  # type: ignore[attr-defined]
+        raise Http404(f"No such {kind.label}") from None
+    return obj, require_team_role(request.user, obj.team, role)
+
+
+def _version_for(
+    request: HttpRequest,
+    kind: services.VersionedKind,
+    pk: int,
+    number: int,
+    role: str = Role.ANNOTATOR,
+) -> tuple[Any, Membership]:
+    obj, membership = _versioned_for(request, kind, pk, role)
+    try:
+        return selectors.versioned_version_get(kind=kind, obj=obj, number=number), membership
+    except kind.version_model.DoesNotExist:  # type: ignore[attr-defined]
+        raise Http404("No such version") from None
+
+
 def _rubric_for(
     request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
 ) -> tuple[Rubric, Membership]:
-    try:
-        rubric = selectors.rubric_get(pk=pk)
-    except Rubric.DoesNotExist:
-        raise Http404("No such rubric") from None
-    return rubric, require_team_role(request.user, rubric.team, role)
+    return _versioned_for(request, services.RUBRIC, pk, role)  # type: ignore[return-value]
 
 
 def _rubric_version_for(
     request: HttpRequest, pk: int, number: int, role: str = Role.ANNOTATOR
 ) -> tuple[RubricVersion, Membership]:
-    rubric, membership = _rubric_for(request, pk, role)
-    try:
-        return selectors.rubric_version_get(rubric=rubric, number=number), membership
-    except RubricVersion.DoesNotExist:
-        raise Http404("No such version") from None
+    return _version_for(request, services.RUBRIC, pk, number, role)  # type: ignore[return-value]
 
 
 def _image_for(
     request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
 ) -> tuple[SandboxImage, Membership]:
-    try:
-        image = selectors.sandbox_image_get(pk=pk)
-    except SandboxImage.DoesNotExist:
-        raise Http404("No such sandbox image") from None
-    return image, require_team_role(request.user, image.team, role)
-
-
-def _image_version_for(
-    request: HttpRequest, pk: int, number: int, role: str = Role.ANNOTATOR
-) -> tuple[SandboxImageVersion, Membership]:
-    image, membership = _image_for(request, pk, role)
-    try:
-        return selectors.sandbox_image_version_get(image=image, number=number), membership
-    except SandboxImageVersion.DoesNotExist:
-        raise Http404("No such version") from None
+    return _versioned_for(request, services.SANDBOX_IMAGE, pk, role)  # type: ignore[return-value]
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -217,6 +219,7 @@ def domain_detail(request: HttpRequest, pk: int) -> HttpResponse:
     tasks = _page(request, selectors.domain_tasks(domain=domain, split=split), TASK_PAGE_SIZE)
     context = {
         "domain": domain,
+        "blockers": selectors.domain_blockers(domain=domain),
         "tasks": tasks,
         "split": split,
         "splits": TaskSplit.choices,
@@ -317,19 +320,130 @@ def domain_resplit(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("registry:domain_detail", pk=domain.pk)
 
 
-# --- rubrics ------------------------------------------------------------------------------------
+# --- versioned objects: the pages every kind shares ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class KindPages:
+    """What differs between kinds on the shared pages: names in words and the templates that
+    show a version's payload. URL names follow `registry:<key>_<page>` for every kind."""
+
+    kind: services.VersionedKind
+    plural: str
+    edit_payload_label: str
+    summary_template: str
+    form_template: str
+
+    @property
+    def urls(self) -> dict[str, str]:
+        pages = ("list", "create", "detail", "edit", "draft", "version", "version_publish")
+        return {page: f"registry:{self.kind.key}_{page}" for page in pages}
+
+
+KIND_PAGES = {
+    "rubric": KindPages(
+        kind=services.RUBRIC,
+        plural="Reward rubrics",
+        edit_payload_label="Edit spec",
+        summary_template="registry/_rubric_summary.html",
+        form_template="registry/rubric_form.html",
+    ),
+    "sandbox_image": KindPages(
+        kind=services.SANDBOX_IMAGE,
+        plural="Sandbox images",
+        edit_payload_label="Edit image and limits",
+        summary_template="registry/_sandbox_image_summary.html",
+        form_template="registry/sandbox_image_form.html",
+    ),
+}
+
+
+def _pages_context(pages: KindPages) -> dict[str, Any]:
+    return {"pages": pages, "kind": pages.kind, "urls": pages.urls}
 
 
 @login_required
 @require_GET
-def rubric_list(request: HttpRequest) -> HttpResponse:
+def versioned_list(request: HttpRequest, kind: str) -> HttpResponse:
+    pages = KIND_PAGES[kind]
     membership = require_active_membership(request)
     query = _search_query(request)
-    page = _page(request, selectors.rubric_list(team=membership.team, query=query))
-    context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
+    objects = selectors.versioned_list(kind=pages.kind, team=membership.team, query=query)
+    context = {
+        "page": _page(request, objects),
+        "q": query,
+        "can_edit": _can_edit(membership),
+        **_pages_context(pages),
+    }
     if request.htmx:  # type: ignore[attr-defined]
-        return render(request, "registry/rubric_list.html#results", context)
-    return render(request, "registry/rubric_list.html", context)
+        return render(request, "registry/versioned_list.html#results", context)
+    return render(request, "registry/versioned_list.html", context)
+
+
+@login_required
+@require_GET
+def versioned_detail(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
+    pages = KIND_PAGES[kind]
+    obj, membership = _versioned_for(request, pages.kind, pk)
+    context = {
+        "obj": obj,
+        "versions": obj.versions.all(),
+        "domains": obj.domains.order_by("slug"),
+        "can_edit": _can_edit(membership),
+        **_pages_context(pages),
+    }
+    return render(request, "registry/versioned_detail.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def versioned_edit(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
+    """Rename or re-describe; the versions are edited on the draft page."""
+    pages = KIND_PAGES[kind]
+    obj, _ = _versioned_for(request, pages.kind, pk, Role.RESEARCHER)
+    initial = {"slug": obj.slug, "title": obj.title, "description": obj.description}
+    form = forms.VersionedMetaForm(request.POST or None, initial=initial)
+    # The kind's own form template names the object by its kind ("rubric", "image").
+    context = {"form": form, pages.kind.parent_field: obj, "meta_only": True}
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            services.versioned_update(
+                kind=pages.kind, actor=request.user, obj=obj, **form.cleaned_data
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, f"{pages.kind.label.capitalize()} saved.")
+            return redirect(pages.urls["detail"], pk=obj.pk)
+    return _form_response(request, pages.form_template, context)
+
+
+@login_required
+@require_POST
+def versioned_version_publish(
+    request: HttpRequest, pk: int, number: int, kind: str
+) -> HttpResponse:
+    """Publish a draft (the page asks for confirmation first). Back to the page the button was
+    on: the object's page or the version's."""
+    pages = KIND_PAGES[kind]
+    version, _ = _version_for(request, pages.kind, pk, number, Role.RESEARCHER)
+    back = (
+        redirect(pages.urls["detail"], pk=pk)
+        if request.POST.get("back") == "detail"
+        else redirect(pages.urls["version"], pk=pk, number=number)
+    )
+    try:
+        services.versioned_publish(kind=pages.kind, actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        messages.error(request, f"Not published: {conflict}.")
+    except ValidationError as error:
+        messages.error(request, "Not published: " + "; ".join(error.messages))
+    else:
+        messages.success(request, f"Version {number} published; it can no longer change.")
+    return back
+
+
+# --- rubrics ------------------------------------------------------------------------------------
 
 
 EXAMPLE_RUBRIC = """\
@@ -390,37 +504,6 @@ def rubric_create(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_GET
-def rubric_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    rubric, membership = _rubric_for(request, pk)
-    context = {
-        "rubric": rubric,
-        "versions": rubric.versions.all(),
-        "domains": rubric.domains.order_by("slug"),
-        "can_edit": _can_edit(membership),
-    }
-    return render(request, "registry/rubric_detail.html", context)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def rubric_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    rubric, _ = _rubric_for(request, pk, Role.RESEARCHER)
-    initial = {"slug": rubric.slug, "title": rubric.title, "description": rubric.description}
-    form = forms.RubricMetaForm(request.POST or None, initial=initial)
-    context = {"form": form, "rubric": rubric, "meta_only": True}
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            services.rubric_update(actor=request.user, rubric=rubric, **form.cleaned_data)
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, "Rubric saved.")
-            return redirect("registry:rubric_detail", pk=rubric.pk)
-    return _form_response(request, "registry/rubric_form.html", context)
-
-
-@login_required
 @require_http_methods(["GET", "POST"])
 def rubric_draft(request: HttpRequest, pk: int) -> HttpResponse:
     """The editor: edits the draft, or starts a new draft from the latest version."""
@@ -464,7 +547,9 @@ def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
     version, membership = _rubric_version_for(request, pk, number)
     context = {
         "rubric": version.rubric,
+        "obj": version.rubric,
         "version": version,
+        **_pages_context(KIND_PAGES["rubric"]),
         "changes": selectors.rubric_version_changes(version=version),
         "can_edit": _can_edit(membership),
         "try_form": forms.TrySampleForm(),
@@ -503,35 +588,7 @@ def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpRespon
     return render(request, "registry/rubric_version.html", context)
 
 
-@login_required
-@require_POST
-def rubric_version_publish(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    version, _ = _rubric_version_for(request, pk, number, Role.RESEARCHER)
-    try:
-        services.rubric_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        messages.error(request, f"Not published: {conflict}.")
-        return redirect("registry:rubric_version", pk=pk, number=number)
-    except ValidationError as error:
-        messages.error(request, "Not published: " + "; ".join(error.messages))
-        return redirect("registry:rubric_version", pk=pk, number=number)
-    messages.success(request, f"Version {number} published; it can no longer change.")
-    return redirect("registry:rubric_version", pk=pk, number=number)
-
-
 # --- sandbox images -----------------------------------------------------------------------------
-
-
-@login_required
-@require_GET
-def sandbox_image_list(request: HttpRequest) -> HttpResponse:
-    membership = require_active_membership(request)
-    query = _search_query(request)
-    page = _page(request, selectors.sandbox_image_list(team=membership.team, query=query))
-    context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
-    if request.htmx:  # type: ignore[attr-defined]
-        return render(request, "registry/sandbox_image_list.html#results", context)
-    return render(request, "registry/sandbox_image_list.html", context)
 
 
 @login_required
@@ -554,37 +611,6 @@ def sandbox_image_create(request: HttpRequest) -> HttpResponse:
             _apply_service_errors(form, error)
         else:
             messages.success(request, f"Sandbox image {image.slug} created as draft version 1.")
-            return redirect("registry:sandbox_image_detail", pk=image.pk)
-    return _form_response(request, "registry/sandbox_image_form.html", context)
-
-
-@login_required
-@require_GET
-def sandbox_image_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    image, membership = _image_for(request, pk)
-    context = {
-        "image": image,
-        "versions": image.versions.all(),
-        "domains": image.domains.order_by("slug"),
-        "can_edit": _can_edit(membership),
-    }
-    return render(request, "registry/sandbox_image_detail.html", context)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def sandbox_image_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    image, _ = _image_for(request, pk, Role.RESEARCHER)
-    initial = {"slug": image.slug, "title": image.title, "description": image.description}
-    form = forms.SandboxImageMetaForm(request.POST or None, initial=initial)
-    context = {"form": form, "image": image, "meta_only": True}
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            services.sandbox_image_update(actor=request.user, image=image, **form.cleaned_data)
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, "Sandbox image saved.")
             return redirect("registry:sandbox_image_detail", pk=image.pk)
     return _form_response(request, "registry/sandbox_image_form.html", context)
 
@@ -622,19 +648,12 @@ def sandbox_image_draft(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_GET
 def sandbox_image_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    version, membership = _image_version_for(request, pk, number)
-    context = {"image": version.image, "version": version, "can_edit": _can_edit(membership)}
+    version, membership = _version_for(request, services.SANDBOX_IMAGE, pk, number)
+    context = {
+        "image": version.image,
+        "obj": version.image,
+        "version": version,
+        "can_edit": _can_edit(membership),
+        **_pages_context(KIND_PAGES["sandbox_image"]),
+    }
     return render(request, "registry/sandbox_image_version.html", context)
-
-
-@login_required
-@require_POST
-def sandbox_image_version_publish(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    version, _ = _image_version_for(request, pk, number, Role.RESEARCHER)
-    try:
-        services.sandbox_image_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        messages.error(request, f"Not published: {conflict}.")
-    else:
-        messages.success(request, f"Version {number} published; it can no longer change.")
-    return redirect("registry:sandbox_image_version", pk=pk, number=number)
