@@ -176,7 +176,7 @@ def domain_blockers(*, domain: Domain) -> list[str]:
     A run pins a published rubric version (and image version, when the domain uses one)."""
     blockers = []
     if domain.task_count == 0:
-        blockers.append("it has no tasks: upload a task set")
+        blockers.append("it has no tasks yet")
     if domain.rubric is None:
         blockers.append("it has no reward rubric")
     elif not _has_published(RUBRIC, domain.rubric):

@@ -110,9 +110,9 @@ def test_the_objects_page_offers_publishing_its_draft_to_writers_only(
     offered = f"Publish v{number}" in content
     assert offered == (who in WRITERS)
     if offered:
-        # Asks before freezing the version for good.
-        assert 'onsubmit="return confirm(this.dataset.question)"' in content
-        assert "frozen for good" in content
+        # The first click only explains; the second publishes.
+        assert f"<summary class=\"button primary\">Publish v{number}…</summary>" in content
+        assert "freezes" in content and f"Yes, publish v{number}" in content
 
 
 @pytest.mark.parametrize("kind", KINDS)
