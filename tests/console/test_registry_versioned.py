@@ -111,7 +111,7 @@ def test_the_objects_page_offers_publishing_its_draft_to_writers_only(
     assert offered == (who in WRITERS)
     if offered:
         # The first click only explains; the second publishes.
-        assert f"<summary class=\"button primary\">Publish v{number}…</summary>" in content
+        assert f'<summary class="button primary">Publish v{number}…</summary>' in content
         assert "freezes" in content and f"Yes, publish v{number}" in content
 
 
