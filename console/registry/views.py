@@ -531,14 +531,8 @@ def rubric_draft(request: HttpRequest, pk: int) -> HttpResponse:
         else:
             messages.success(request, f"Draft version {version.number} saved.")
             return redirect("registry:rubric_version", pk=rubric.pk, number=version.number)
-    if _validating(request):
-        return render(request, "registry/rubric_draft.html#issues", context)
-    return render(
-        request,
-        "registry/rubric_draft.html",
-        context,
-        status=422 if request.method == "POST" else 200,
-    )
+    # Checked the same way as every other registry form (the errors swapped in by id).
+    return _form_response(request, "registry/rubric_draft.html", context)
 
 
 @login_required

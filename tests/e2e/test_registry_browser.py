@@ -106,6 +106,16 @@ def test_a_researcher_registers_an_image_a_rubric_and_a_domain(
     page.get_by_label("Spec").fill(INVALID_SPEC)
     page.locator("#spec-issues code.path", has_text="criteria[0].weight").wait_for()
     screenshot(page, "registry-rubric-draft-editor")
+    # A valid spec that turns invalid while typing is never shown as valid: the verdict goes
+    # stale at the keystroke, and the new check reports the problem.
+    page.get_by_label("Spec").fill(VALID_SPEC)
+    page.get_by_text("The spec is valid.").wait_for()
+    page.get_by_label("Spec").press("End")
+    page.keyboard.type(",")
+    assert "valid" not in page.locator("#spec-issues").inner_text()
+    page.locator("#spec-issues .issues").wait_for()
+    assert "The spec is valid." not in page.locator("#spec-issues").inner_text()
+    screenshot(page, "registry-rubric-draft-editor-typing")
     page.goto("/rubrics/")
     screenshot(page, "registry-rubric-list")
 
