@@ -227,6 +227,9 @@ class UploadOut(Schema):
     more_errors: int
     preview: list[PreviewRowOut] = []
     file_error: str
+    replaced_taskset_version: int = Field(
+        0, description="The version this upload took over from; it stays readable (0: none)"
+    )
     domain: DomainOut
 
 
@@ -448,19 +451,28 @@ def domain_resplit(request: HttpRequest, domain_id: int, payload: SplitIn) -> An
 @router.get(
     "/domains/{domain_id}/tasks",
     response=answers({200: list[TaskOut]}),
-    summary="Tasks in file order",
+    summary="Tasks in file order, of the current task set or an older version (?taskset=)",
 )
 @paginate(Pagination)
 def domain_tasks(
-    request: HttpRequest, domain_id: int, split: Literal["", "train", "held_out"] = ""
+    request: HttpRequest,
+    domain_id: int,
+    split: Literal["", "train", "held_out"] = "",
+    taskset: int | None = Query(
+        None, ge=1, le=2**31 - 1, description="A task-set version (default: the current one)"
+    ),
 ) -> Any:
-    return selectors.domain_tasks(domain=_domain(request, domain_id), split=split)
+    domain = _domain(request, domain_id)
+    if taskset is not None and taskset > domain.taskset_version:
+        raise HttpError(404, "No such task-set version")
+    return selectors.domain_tasks(domain=domain, split=split, taskset_version=taskset)
 
 
 @router.post(
     "/domains/{domain_id}/tasks",
     response=answers({200: UploadOut, 413: ErrorOut, 422: UploadOut | ErrorOut}),
-    summary="Replace the task set with the JSONL request body",
+    summary="Store the JSONL request body as the next task-set version, which becomes current "
+    "(older versions stay readable)",
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -530,6 +542,7 @@ def domain_upload_tasks(request: HttpRequest, domain_id: int, params: Query[Uplo
             for row in result.preview
         ],
         "file_error": result.file_error,
+        "replaced_taskset_version": result.replaced_version,
         "domain": domain,
     }
     return (200 if result.stored else 422), body

@@ -301,8 +301,9 @@ class Domain(models.Model):
     sandbox_image = models.ForeignKey(
         SandboxImage, on_delete=models.PROTECT, null=True, blank=True, related_name="domains"
     )
-    # The task set: replaced whole by each upload; the counter lets runs record which upload
-    # they trained on.
+    # The current task set: each upload is a new numbered version (0: none yet) and becomes
+    # current; older versions' tasks are kept, since runs pin the version they trained on.
+    # The other taskset_/count fields describe the current version.
     taskset_version = models.PositiveIntegerField(default=0)
     taskset_filename = models.CharField(max_length=255, blank=True)
     taskset_uploaded_at = models.DateTimeField(null=True, blank=True)
@@ -343,6 +344,8 @@ class Domain(models.Model):
 
 class Task(models.Model):
     domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="tasks")
+    # The upload (the domain's task-set version) this task came in.
+    taskset_version = models.PositiveIntegerField(default=1)
     # 0-based position in the uploaded file; line number = index + 1 (blank lines excepted).
     index = models.PositiveIntegerField()
     line_number = models.PositiveIntegerField()
@@ -355,9 +358,11 @@ class Task(models.Model):
     split_from_file = models.BooleanField(default=False)
 
     class Meta:
-        ordering = ["domain", "index"]
+        ordering = ["domain", "taskset_version", "index"]
         constraints = [
-            models.UniqueConstraint(fields=["domain", "index"], name="task_index_unique"),
+            models.UniqueConstraint(
+                fields=["domain", "taskset_version", "index"], name="task_index_unique_per_version"
+            ),
             models.CheckConstraint(
                 condition=~Q(prompt="") | Q(messages__isnull=False),
                 name="task_has_prompt_or_messages",
@@ -366,7 +371,11 @@ class Task(models.Model):
                 condition=Q(split__in=["train", "held_out"]), name="task_split_valid"
             ),
         ]
-        indexes = [models.Index(fields=["domain", "split", "index"], name="task_domain_split")]
+        indexes = [
+            models.Index(
+                fields=["domain", "taskset_version", "split", "index"], name="task_version_split"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.domain_id}#{self.index}"

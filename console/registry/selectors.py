@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Count, F, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from console.accounts.models import Team
 from console.registry.models import (
@@ -40,8 +40,12 @@ def domain_get(*, pk: int) -> Domain:
     return Domain.objects.select_related("team", "rubric", "sandbox_image").get(pk=pk)
 
 
-def domain_tasks(*, domain: Domain, split: str = "") -> QuerySet[Task]:
-    tasks = Task.objects.filter(domain=domain)
+def domain_tasks(
+    *, domain: Domain, split: str = "", taskset_version: int | None = None
+) -> QuerySet[Task]:
+    """The tasks of one task-set version (the current one unless named), in file order."""
+    version = domain.taskset_version if taskset_version is None else taskset_version
+    tasks = Task.objects.filter(domain=domain, taskset_version=version)
     if split:
         tasks = tasks.filter(split=split)
     return tasks.order_by("index")
@@ -171,6 +175,17 @@ def _has_published(kind: VersionedKind, obj: Any) -> bool:
     return kind.versions(obj).filter(status=VersionStatus.PUBLISHED).exists()
 
 
+def domain_taskset_versions(*, domain: Domain) -> list[dict[str, int]]:
+    """Every task-set version the domain still holds, newest first, with its task count."""
+    rows = (
+        Task.objects.filter(domain=domain)
+        .values("taskset_version")
+        .annotate(tasks=Count("pk"))
+        .order_by("-taskset_version")
+    )
+    return [{"version": row["taskset_version"], "tasks": row["tasks"]} for row in rows]
+
+
 def domain_blockers(*, domain: Domain) -> list[str]:
     """Why a run could not train on the domain yet, in words for its page; empty when it can.
     A run pins a published rubric version (and image version, when the domain uses one)."""
@@ -191,5 +206,7 @@ def registry_counts(*, team: Team | int) -> dict[str, int]:
         "domains": Domain.objects.filter(team=team).count(),
         "rubrics": Rubric.objects.filter(team=team).count(),
         "sandbox_images": SandboxImage.objects.filter(team=team).count(),
-        "tasks": Task.objects.filter(domain__team=team).count(),
+        "tasks": Task.objects.filter(
+            domain__team=team, taskset_version=F("domain__taskset_version")
+        ).count(),
     }

@@ -231,6 +231,9 @@ class UploadResult:
     # The first valid rows as read, so a refused upload still shows what the file holds.
     preview: list[tasksets.ParsedTask] = field(default_factory=list)
     file_error: str = ""
+    # The task-set version the stored upload took over from (0: the domain had none); it is
+    # kept, no longer current.
+    replaced_version: int = 0
 
     @property
     def more_errors(self) -> int:
@@ -252,7 +255,8 @@ def domain_upload_tasks(
     keep_valid_rows: bool = False,
     max_line_bytes: int | None = None,
 ) -> UploadResult:
-    """Replace the domain's task set with the tasks in a JSONL file, read line by line.
+    """Store the tasks in a JSONL file as the domain's next task-set version, which becomes
+    current; earlier versions' tasks are kept (runs pin the version they trained on).
 
     If any row is invalid nothing changes, unless `keep_valid_rows`; then the valid rows are
     stored and the invalid ones reported. Either way the report lists errors by line number.
@@ -267,9 +271,16 @@ def domain_upload_tasks(
         with transaction.atomic():
             locked = Domain.objects.select_for_update().get(pk=domain.pk)
             before = snapshot(locked)
-            locked.tasks.all().delete()
+            new_version = locked.taskset_version + 1
             _store_rows(
-                locked, stream, limit, held_out_fraction, split_seed, keep_valid_rows, result
+                locked,
+                new_version,
+                stream,
+                limit,
+                held_out_fraction,
+                split_seed,
+                keep_valid_rows,
+                result,
             )
             if result.invalid and not keep_valid_rows:
                 raise _Rollback
@@ -280,7 +291,8 @@ def domain_upload_tasks(
                     else ("no row is valid, so nothing was stored")
                 )
                 raise _Rollback
-            locked.taskset_version += 1
+            result.replaced_version = locked.taskset_version
+            locked.taskset_version = new_version
             locked.taskset_filename = PurePosixPath(filename).name[:255]
             locked.taskset_uploaded_at = timezone.now()
             locked.task_count = result.valid
@@ -326,6 +338,7 @@ def _json_text(value: Any) -> str | None:
 
 def _store_rows(
     domain: Domain,
+    taskset_version: int,
     stream: IO[bytes],
     max_line_bytes: int,
     held_out_fraction: float,
@@ -340,6 +353,7 @@ def _store_rows(
         connection.ops.quote_name(Task._meta.get_field(name).column)  # type: ignore[union-attr, arg-type]
         for name in (
             "domain",
+            "taskset_version",
             "index",
             "line_number",
             "prompt",
@@ -378,6 +392,7 @@ def _store_rows(
             copy.write_row(
                 (
                     domain.pk,
+                    taskset_version,
                     index,
                     line_number,
                     row.prompt,
@@ -390,16 +405,16 @@ def _store_rows(
             )
 
 
-RESPLIT_COLUMNS = ("index", "split", "domain", "split_from_file")
+RESPLIT_COLUMNS = ("index", "split", "domain", "split_from_file", "taskset_version")
 
 
 @transaction.atomic
 def domain_resplit(
     *, actor: Any, domain: Domain, held_out_fraction: float, split_seed: int
 ) -> Domain:
-    """Re-draw the train/held-out split of the stored tasks with a new fraction or seed, in one
-    UPDATE (PostgreSQL computes the same hash as the upload does). Rows whose split the file
-    named keep it."""
+    """Re-draw the train/held-out split of the current task set with a new fraction or seed, in
+    one UPDATE (PostgreSQL computes the same hash as the upload does). Rows whose split the file
+    named keep it; older task-set versions are left as runs pinned them."""
     _check_split(held_out_fraction, split_seed)
     locked = Domain.objects.select_for_update().get(pk=domain.pk)
     before = snapshot(locked)
@@ -410,7 +425,8 @@ def domain_resplit(
     sql = (
         f"UPDATE {quote(Task._meta.db_table)} SET {column['split']} = "  # noqa: S608
         f"CASE WHEN {split_hash} < %s THEN %s ELSE %s END "
-        f"WHERE {column['domain']} = %s AND NOT {column['split_from_file']}"
+        f"WHERE {column['domain']} = %s AND {column['taskset_version']} = %s "
+        f"AND NOT {column['split_from_file']}"
     )
     params: list[int | str] = [
         split_seed,
@@ -418,12 +434,15 @@ def domain_resplit(
         str(TaskSplit.HELD_OUT.value),
         str(TaskSplit.TRAIN.value),
         int(locked.pk),
+        int(locked.taskset_version),
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
     locked.held_out_fraction = held_out_fraction
     locked.split_seed = split_seed
-    locked.held_out_count = locked.tasks.filter(split=TaskSplit.HELD_OUT).count()
+    locked.held_out_count = locked.tasks.filter(
+        taskset_version=locked.taskset_version, split=TaskSplit.HELD_OUT
+    ).count()
     locked.save(update_fields=["held_out_fraction", "split_seed", "held_out_count", "updated_at"])
     audit_record(
         actor=actor,

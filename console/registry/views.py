@@ -216,9 +216,18 @@ def domain_detail(request: HttpRequest, pk: int) -> HttpResponse:
     split = request.GET.get("split", "")
     if split not in TaskSplit.values:
         split = ""
-    tasks = _page(request, selectors.domain_tasks(domain=domain, split=split), TASK_PAGE_SIZE)
+    shown_version = _taskset_version_asked(request, domain)
+    tasks = _page(
+        request,
+        selectors.domain_tasks(domain=domain, split=split, taskset_version=shown_version),
+        TASK_PAGE_SIZE,
+    )
     context = {
         "domain": domain,
+        "shown_version": shown_version,
+        # Set only when an older version is shown: the tabs and pager keep it in their links.
+        "older_version": shown_version if shown_version != domain.taskset_version else None,
+        "taskset_versions": selectors.domain_taskset_versions(domain=domain),
         "blockers": selectors.domain_blockers(domain=domain),
         "tasks": tasks,
         "split": split,
@@ -234,6 +243,17 @@ def domain_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if request.htmx:  # type: ignore[attr-defined]
         return render(request, "registry/domain_detail.html#tasks", context)
     return render(request, "registry/domain_detail.html", context)
+
+
+def _taskset_version_asked(request: HttpRequest, domain: Domain) -> int:
+    """The task-set version `?taskset=` names (older ones stay readable: runs pin them), or the
+    current one; anything but a version the domain has had is a 404."""
+    asked = request.GET.get("taskset", "")
+    if not asked:
+        return domain.taskset_version
+    if not asked.isdigit() or len(asked) > 9 or not (1 <= int(asked) <= domain.taskset_version):
+        raise Http404("No such task-set version")
+    return int(asked)
 
 
 @csrf_exempt
@@ -291,9 +311,15 @@ def _domain_upload(request: HttpRequest, domain: Domain, guard: SizeLimitHandler
     if result.stored:
         rows = "row" if result.invalid == 1 else "rows"
         kept = f"; {result.invalid:,} invalid {rows} skipped" if result.invalid else ""
+        replaced = (
+            f"; v{result.replaced_version}, which it replaces, stays available"
+            if result.replaced_version
+            else ""
+        )
         messages.success(
             request,
-            f"Stored {result.valid:,} tasks ({result.held_out:,} held out){kept}.",
+            f"Stored {result.valid:,} tasks as task set v{result.replaced_version + 1} "
+            f"({result.held_out:,} held out){kept}{replaced}.",
         )
         return redirect("registry:domain_detail", pk=domain.pk)
     context = {"domain": domain, "form": form, "result": result, "file_error": result.file_error}

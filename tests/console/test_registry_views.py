@@ -449,7 +449,10 @@ def test_keeping_the_valid_rows_through_the_page(owner_client: Client, registry:
     response = upload(owner_client, registry.domain, data, keep_valid_rows="on")
     assert response.status_code == 302
     page = owner_client.get(response["Location"]).content.decode()
-    assert "Stored 3 tasks (0 held out); 1 invalid row skipped." in page
+    assert (
+        "Stored 3 tasks as task set v2 (0 held out); 1 invalid row skipped; "
+        "v1, which it replaces, stays available." in page
+    )
 
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
