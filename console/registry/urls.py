@@ -15,7 +15,7 @@ urlpatterns = [
     path("rubrics/new/", views.rubric_create, name="rubric_create"),
     path("rubrics/<int:pk>/", views.versioned_detail, {"kind": "rubric"}, name="rubric_detail"),
     path("rubrics/<int:pk>/edit/", views.versioned_edit, {"kind": "rubric"}, name="rubric_edit"),
-    path("rubrics/<int:pk>/draft/", views.rubric_draft, name="rubric_draft"),
+    path("rubrics/<int:pk>/draft/", views.versioned_draft, {"kind": "rubric"}, name="rubric_draft"),
     path("rubrics/<int:pk>/versions/<int:number>/", views.rubric_version, name="rubric_version"),
     path(
         "rubrics/<int:pk>/versions/<int:number>/try/",
@@ -47,7 +47,12 @@ urlpatterns = [
         {"kind": "sandbox_image"},
         name="sandbox_image_edit",
     ),
-    path("sandbox-images/<int:pk>/draft/", views.sandbox_image_draft, name="sandbox_image_draft"),
+    path(
+        "sandbox-images/<int:pk>/draft/",
+        views.versioned_draft,
+        {"kind": "sandbox_image"},
+        name="sandbox_image_draft",
+    ),
     path(
         "sandbox-images/<int:pk>/versions/<int:number>/",
         views.sandbox_image_version,

@@ -8,6 +8,7 @@ inline: an htmx POST carrying `_validate` re-renders the form with its errors an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,6 +360,13 @@ class KindPages:
     edit_payload_label: str
     summary_template: str
     form_template: str
+    # The draft editor: its form, its template, how the form's values become the payload, the
+    # payload a first draft starts from, and anything more the page shows.
+    draft_form: type[Form]
+    draft_template: str
+    form_payload: Callable[[Any], dict[str, Any]]
+    default_payload: dict[str, Any]
+    draft_extras: Callable[[], dict[str, Any]]
 
     @property
     def urls(self) -> dict[str, str]:
@@ -373,6 +381,14 @@ KIND_PAGES = {
         edit_payload_label="Edit spec",
         summary_template="registry/_rubric_summary.html",
         form_template="registry/rubric_form.html",
+        draft_form=forms.RubricSourceForm,
+        draft_template="registry/rubric_draft.html",
+        form_payload=lambda form: {
+            "source": form.cleaned_data["source"],
+            "source_format": form.cleaned_data["source_format"],
+        },
+        default_payload={},
+        draft_extras=lambda: _kinds_context(),
     ),
     "sandbox_image": KindPages(
         kind=services.SANDBOX_IMAGE,
@@ -380,6 +396,11 @@ KIND_PAGES = {
         edit_payload_label="Edit image and limits",
         summary_template="registry/_sandbox_image_summary.html",
         form_template="registry/sandbox_image_form.html",
+        draft_form=forms.SandboxVersionForm,
+        draft_template="registry/sandbox_image_draft.html",
+        form_payload=lambda form: form.version_values(),
+        default_payload=services.SANDBOX_DEFAULTS,
+        draft_extras=dict,
     ),
 }
 
@@ -442,6 +463,40 @@ def versioned_edit(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
             messages.success(request, f"{pages.kind.label.capitalize()} saved.")
             return redirect(pages.urls["detail"], pk=obj.pk)
     return _form_response(request, pages.form_template, context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def versioned_draft(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
+    """The draft editor: edits the draft, or starts a new draft from the latest version. Every
+    kind checks while editing the same way (the errors swapped in by id) and saves through the
+    same service."""
+    pages = KIND_PAGES[kind]
+    obj, _ = _versioned_for(request, pages.kind, pk, Role.RESEARCHER)
+    base = selectors.versioned_draft(kind=pages.kind, obj=obj) or selectors.versioned_latest(
+        kind=pages.kind, obj=obj
+    )
+    initial = pages.kind.stored_payload(base) if base is not None else pages.default_payload
+    form = pages.draft_form(request.POST or None, initial=initial)
+    context = {
+        "form": form,
+        pages.kind.parent_field: obj,
+        "base": base,
+        "draft": base if base is not None and base.is_draft else None,
+        **pages.draft_extras(),
+        **_pages_context(pages),
+    }
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            version = services.versioned_save_draft(
+                kind=pages.kind, actor=request.user, obj=obj, payload=pages.form_payload(form)
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            messages.success(request, f"Draft version {version.number} saved.")
+            return redirect(pages.urls["version"], pk=obj.pk, number=version.number)
+    return _form_response(request, pages.draft_template, context)
 
 
 @login_required
@@ -530,38 +585,6 @@ def rubric_create(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_http_methods(["GET", "POST"])
-def rubric_draft(request: HttpRequest, pk: int) -> HttpResponse:
-    """The editor: edits the draft, or starts a new draft from the latest version."""
-    rubric, _ = _rubric_for(request, pk, Role.RESEARCHER)
-    base = selectors.rubric_draft(rubric=rubric) or selectors.rubric_latest(rubric=rubric)
-    initial = {"source": base.source, "source_format": base.source_format} if base else {}
-    form = forms.RubricSourceForm(request.POST or None, initial=initial)
-    context = {
-        "form": form,
-        "rubric": rubric,
-        "base": base,
-        "draft": base if base is not None and base.is_draft else None,
-        **_kinds_context(),
-    }
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            version = services.rubric_save_draft(
-                actor=request.user,
-                rubric=rubric,
-                source=form.cleaned_data["source"],
-                source_format=form.cleaned_data["source_format"],
-            )
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, f"Draft version {version.number} saved.")
-            return redirect("registry:rubric_version", pk=rubric.pk, number=version.number)
-    # Checked the same way as every other registry form (the errors swapped in by id).
-    return _form_response(request, "registry/rubric_draft.html", context)
-
-
-@login_required
 @require_GET
 def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
     version, membership = _rubric_version_for(request, pk, number)
@@ -633,36 +656,6 @@ def sandbox_image_create(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Sandbox image {image.slug} created as draft version 1.")
             return redirect("registry:sandbox_image_detail", pk=image.pk)
     return _form_response(request, "registry/sandbox_image_form.html", context)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def sandbox_image_draft(request: HttpRequest, pk: int) -> HttpResponse:
-    image, _ = _image_for(request, pk, Role.RESEARCHER)
-    base = selectors.sandbox_image_draft(image=image) or selectors.sandbox_image_latest(image=image)
-    initial = (
-        {name: getattr(base, name) for name in services.SANDBOX_VERSION_FIELDS}
-        if base
-        else services.SANDBOX_DEFAULTS
-    )
-    form = forms.SandboxVersionForm(request.POST or None, initial=initial)
-    context = {
-        "form": form,
-        "image": image,
-        "base": base,
-        "draft": base if base is not None and base.is_draft else None,
-    }
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            version = services.sandbox_image_save_draft(
-                actor=request.user, image=image, **form.version_values()
-            )
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, f"Draft version {version.number} saved.")
-            return redirect("registry:sandbox_image_version", pk=image.pk, number=version.number)
-    return _form_response(request, "registry/sandbox_image_draft.html", context)
 
 
 @login_required
