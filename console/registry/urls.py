@@ -12,7 +12,7 @@ urlpatterns = [
     path("domains/<int:pk>/upload/", views.domain_upload, name="domain_upload"),
     path("domains/<int:pk>/split/", views.domain_resplit, name="domain_resplit"),
     path("rubrics/", views.versioned_list, {"kind": "rubric"}, name="rubric_list"),
-    path("rubrics/new/", views.rubric_create, name="rubric_create"),
+    path("rubrics/new/", views.versioned_create, {"kind": "rubric"}, name="rubric_create"),
     path("rubrics/<int:pk>/", views.versioned_detail, {"kind": "rubric"}, name="rubric_detail"),
     path("rubrics/<int:pk>/edit/", views.versioned_edit, {"kind": "rubric"}, name="rubric_edit"),
     path("rubrics/<int:pk>/draft/", views.versioned_draft, {"kind": "rubric"}, name="rubric_draft"),
@@ -34,7 +34,12 @@ urlpatterns = [
         {"kind": "sandbox_image"},
         name="sandbox_image_list",
     ),
-    path("sandbox-images/new/", views.sandbox_image_create, name="sandbox_image_create"),
+    path(
+        "sandbox-images/new/",
+        views.versioned_create,
+        {"kind": "sandbox_image"},
+        name="sandbox_image_create",
+    ),
     path(
         "sandbox-images/<int:pk>/",
         views.versioned_detail,

@@ -347,6 +347,36 @@ def domain_resplit(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("registry:domain_detail", pk=domain.pk)
 
 
+EXAMPLE_RUBRIC = """\
+version: 1
+description: Exact final answer, with a small bonus for the answer format.
+criteria:
+  - name: correct
+    kind: math_equivalence
+    weight: 1.0
+  - name: format
+    kind: regex_match
+    weight: 0.1
+    params:
+      pattern: "\\\\boxed\\\\{.+\\\\}"
+aggregate: weighted_sum
+"""
+
+
+def _kinds_context() -> dict[str, Any]:
+    kinds = [
+        {
+            "name": info.name,
+            "summary": info.summary,
+            "docs": info.docs,
+            "uses_sandbox": info.uses_sandbox,
+            "params_json": json.dumps(info.params_schema, indent=2, ensure_ascii=False),
+        }
+        for info in specs.criterion_kinds().values()
+    ]
+    return {"criterion_kinds": kinds}
+
+
 # --- versioned objects: the pages every kind shares ---------------------------------------------
 
 
@@ -367,6 +397,9 @@ class KindPages:
     form_payload: Callable[[Any], dict[str, Any]]
     default_payload: dict[str, Any]
     draft_extras: Callable[[], dict[str, Any]]
+    # The create form: the object's name plus its first version's payload.
+    create_form: type[Form]
+    create_initial: dict[str, Any]
 
     @property
     def urls(self) -> dict[str, str]:
@@ -389,6 +422,8 @@ KIND_PAGES = {
         },
         default_payload={},
         draft_extras=lambda: _kinds_context(),
+        create_form=forms.RubricCreateForm,
+        create_initial={"source": EXAMPLE_RUBRIC, "source_format": "yaml"},
     ),
     "sandbox_image": KindPages(
         kind=services.SANDBOX_IMAGE,
@@ -401,6 +436,8 @@ KIND_PAGES = {
         form_payload=lambda form: form.version_values(),
         default_payload=services.SANDBOX_DEFAULTS,
         draft_extras=dict,
+        create_form=forms.SandboxImageCreateForm,
+        create_initial=services.SANDBOX_DEFAULTS,
     ),
 }
 
@@ -425,6 +462,39 @@ def versioned_list(request: HttpRequest, kind: str) -> HttpResponse:
     if request.htmx:  # type: ignore[attr-defined]
         return render(request, "registry/versioned_list.html#results", context)
     return render(request, "registry/versioned_list.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def versioned_create(request: HttpRequest, kind: str) -> HttpResponse:
+    """A new object with its draft version 1."""
+    pages = KIND_PAGES[kind]
+    membership = require_active_membership(request, Role.RESEARCHER)
+    form = pages.create_form(request.POST or None, initial=pages.create_initial)
+    context = {
+        "form": form,
+        pages.kind.parent_field: None,
+        **pages.draft_extras(),
+        **_pages_context(pages),
+    }
+    if request.method == "POST" and form.is_valid() and not _validating(request):
+        try:
+            obj = services.versioned_create(
+                kind=pages.kind,
+                actor=request.user,
+                team=membership.team,
+                slug=form.cleaned_data["slug"],
+                title=form.cleaned_data["title"],
+                description=form.cleaned_data["description"],
+                payload=pages.form_payload(form),
+            )
+        except ValidationError as error:
+            _apply_service_errors(form, error)
+        else:
+            label = pages.kind.label.capitalize()
+            messages.success(request, f"{label} {obj.slug} created as draft version 1.")
+            return redirect(pages.urls["detail"], pk=obj.pk)
+    return _form_response(request, pages.form_template, context)
 
 
 @login_required
@@ -527,63 +597,6 @@ def versioned_version_publish(
 # --- rubrics ------------------------------------------------------------------------------------
 
 
-EXAMPLE_RUBRIC = """\
-version: 1
-description: Exact final answer, with a small bonus for the answer format.
-criteria:
-  - name: correct
-    kind: math_equivalence
-    weight: 1.0
-  - name: format
-    kind: regex_match
-    weight: 0.1
-    params:
-      pattern: "\\\\boxed\\\\{.+\\\\}"
-aggregate: weighted_sum
-"""
-
-
-def _kinds_context() -> dict[str, Any]:
-    kinds = [
-        {
-            "name": info.name,
-            "summary": info.summary,
-            "docs": info.docs,
-            "uses_sandbox": info.uses_sandbox,
-            "params_json": json.dumps(info.params_schema, indent=2, ensure_ascii=False),
-        }
-        for info in specs.criterion_kinds().values()
-    ]
-    return {"criterion_kinds": kinds}
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def rubric_create(request: HttpRequest) -> HttpResponse:
-    membership = require_active_membership(request, Role.RESEARCHER)
-    form = forms.RubricCreateForm(
-        request.POST or None, initial={"source": EXAMPLE_RUBRIC, "source_format": "yaml"}
-    )
-    context = {"form": form, "rubric": None, **_kinds_context()}
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            rubric = services.rubric_create(
-                actor=request.user,
-                team=membership.team,
-                slug=form.cleaned_data["slug"],
-                title=form.cleaned_data["title"],
-                description=form.cleaned_data["description"],
-                source=form.cleaned_data["source"],
-                source_format=form.cleaned_data["source_format"],
-            )
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, f"Rubric {rubric.slug} created as draft version 1.")
-            return redirect("registry:rubric_detail", pk=rubric.pk)
-    return _form_response(request, "registry/rubric_form.html", context)
-
-
 @login_required
 @require_GET
 def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
@@ -632,30 +645,6 @@ def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpRespon
 
 
 # --- sandbox images -----------------------------------------------------------------------------
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def sandbox_image_create(request: HttpRequest) -> HttpResponse:
-    membership = require_active_membership(request, Role.RESEARCHER)
-    form = forms.SandboxImageCreateForm(request.POST or None, initial=services.SANDBOX_DEFAULTS)
-    context = {"form": form, "image": None}
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            image = services.sandbox_image_create(
-                actor=request.user,
-                team=membership.team,
-                slug=form.cleaned_data["slug"],
-                title=form.cleaned_data["title"],
-                description=form.cleaned_data["description"],
-                **form.version_values(),
-            )
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, f"Sandbox image {image.slug} created as draft version 1.")
-            return redirect("registry:sandbox_image_detail", pk=image.pk)
-    return _form_response(request, "registry/sandbox_image_form.html", context)
 
 
 @login_required
