@@ -5,7 +5,18 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from django.db.models import Count, F, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+)
 
 from console.accounts.models import Team
 from console.registry.models import (
@@ -30,8 +41,33 @@ def _search(queryset: QuerySet, query: str, fields: tuple[str, ...]) -> QuerySet
     return queryset.filter(condition)
 
 
+def _published_exists(kind: VersionedKind, outer: str) -> Exists:
+    return Exists(
+        kind.version_model.objects.filter(  # type: ignore[attr-defined]
+            **{kind.parent_field: OuterRef(outer)}, status=VersionStatus.PUBLISHED
+        )
+    )
+
+
 def domain_list(*, team: Team | int, query: str = "") -> QuerySet[Domain]:
-    domains = Domain.objects.filter(team=team).select_related("rubric", "sandbox_image")
+    """The team's domains, each with `ready`: whether a run could train on it now (tasks, a
+    rubric with a published version, and a published version of its image if it has one);
+    `domain_blockers` says why not."""
+    domains = (
+        Domain.objects.filter(team=team)
+        .select_related("rubric", "sandbox_image")
+        .annotate(
+            rubric_published=_published_exists(RUBRIC, "rubric_id"),
+            image_published=_published_exists(SANDBOX_IMAGE, "sandbox_image_id"),
+        )
+        .annotate(
+            ready=ExpressionWrapper(
+                Q(task_count__gt=0, rubric_published=True)
+                & (Q(sandbox_image__isnull=True) | Q(image_published=True)),
+                output_field=BooleanField(),
+            )
+        )
+    )
     return _search(domains, query, ("slug", "title", "description")).order_by("slug")
 
 
@@ -144,7 +180,12 @@ def rubric_latest(*, rubric: Rubric) -> RubricVersion | None:
 
 
 def rubric_choices(*, team: Team | int) -> QuerySet[Rubric]:
-    return Rubric.objects.filter(team=team).order_by("slug")
+    """The team's rubrics a domain may point to, each with `has_published` (a run needs one)."""
+    return (
+        Rubric.objects.filter(team=team)
+        .annotate(has_published=_published_exists(RUBRIC, "pk"))
+        .order_by("slug")
+    )
 
 
 def sandbox_image_list(*, team: Team | int, query: str = "") -> QuerySet[SandboxImage]:
@@ -168,7 +209,12 @@ def sandbox_image_latest(*, image: SandboxImage) -> SandboxImageVersion | None:
 
 
 def sandbox_image_choices(*, team: Team | int) -> QuerySet[SandboxImage]:
-    return SandboxImage.objects.filter(team=team).order_by("slug")
+    """The team's images a domain may point to, each with `has_published`."""
+    return (
+        SandboxImage.objects.filter(team=team)
+        .annotate(has_published=_published_exists(SANDBOX_IMAGE, "pk"))
+        .order_by("slug")
+    )
 
 
 def _has_published(kind: VersionedKind, obj: Any) -> bool:

@@ -156,3 +156,35 @@ def test_a_domain_with_tasks_and_published_references_is_ready(
     )
     assert "Cannot run yet" not in content
     assert "Ready to run" in content
+
+
+def test_the_domain_form_marks_what_has_nothing_published(
+    people: Any, client_as: Callable[[str], Client]
+) -> None:
+    make_rubric(team=people.team, user=people.owner, slug="draft-only")
+    published = make_rubric(team=people.team, user=people.owner, slug="published")
+    services.rubric_version_publish(actor=people.owner, version=published.versions.get())
+    content = client_as("owner").get(reverse("registry:domain_create")).content.decode()
+    assert "draft-only (no published version yet: cannot run)</option>" in content
+    assert ">published</option>" in content
+
+
+@pytest.mark.parametrize("who", EVERYONE)
+def test_the_domain_list_says_which_domains_can_run(
+    who: str, registry: Registry, people: Any, client_as: Callable[[str], Client]
+) -> None:
+    make_domain(team=people.team, user=people.owner, slug="empty")
+    services.sandbox_image_version_publish(
+        actor=people.owner, version=registry.image.versions.get()
+    )
+    response = client_as(who).get(reverse("registry:domain_list"))
+    if who == ANONYMOUS:
+        assert response.status_code == 302
+        return
+    content = response.content.decode()
+    if who == OUTSIDER:
+        # Their own team's list: none of this team's domains.
+        assert "empty" not in content and "cannot run yet" not in content
+        return
+    assert content.count('<span class="badge ok">ready</span>') == 1  # math
+    assert content.count("cannot run yet</a>") == 1  # empty: no tasks, no rubric
