@@ -461,6 +461,17 @@ def domain_resplit(
 # draft (editable), publishing freezes it, and every change is audited. What differs between
 # kinds is only the version's payload and how it is checked: a `VersionedKind` plugs those in,
 # and the services below do the rest the same way for every kind.
+#
+# Adding a kind (base models, for the runs issue):
+# 1. models: `BaseModel(VersionedObject)` with its `team` foreign key and per-team unique slug,
+#    `BaseModelVersion(ObjectVersion)` with the foreign key (related_name="versions"), the
+#    payload fields and `constraints = version_constraints("base_model", "<fk name>")`;
+# 2. here: a payload check (raises ValidationError by field) and `VersionedKind(...)` added to
+#    VERSIONED_KINDS; thin `base_model_*` wrappers only if callers want them;
+# 3. views.KIND_PAGES: its forms and templates (a version page and a draft/create form; the
+#    list, detail, rename, create, draft and publish views and templates are shared), and its
+#    URLs under the names `registry:base_model_<page>` with `{"kind": "base_model"}`;
+# 4. api: its schemas and routes, using `_versioned`, `_version`, `_update_meta`, `_publish`.
 
 
 @dataclass(frozen=True)
