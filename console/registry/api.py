@@ -102,6 +102,31 @@ def _update_meta(
     return 200, _with_versions(selectors.versioned_get(kind=kind, pk=obj.pk))
 
 
+def _list_with_versions(request: HttpRequest, kind: services.VersionedKind, query: str) -> Any:
+    objects = selectors.versioned_list(kind=kind, team=_member(request).team, query=query)
+    return [_with_versions(obj) for obj in objects.prefetch_related("versions")]
+
+
+def _create(
+    request: HttpRequest, kind: services.VersionedKind, *, meta: Any, values: dict[str, Any]
+) -> Any:
+    """A new object of the kind with `values` as its draft version 1."""
+    membership = _member(request, Role.RESEARCHER)
+    try:
+        obj = services.versioned_create(
+            kind=kind,
+            actor=request.user,
+            team=membership.team,
+            slug=meta.slug,
+            title=meta.title,
+            description=meta.description,
+            payload=values,
+        )
+    except ValidationError as error:
+        return _invalid(error)
+    return 201, _with_versions(selectors.versioned_get(kind=kind, pk=obj.pk))
+
+
 def _publish(
     request: HttpRequest,
     kind: services.VersionedKind,
@@ -574,10 +599,7 @@ def _with_versions(obj: Rubric | SandboxImage) -> dict[str, Any]:
 )
 @paginate(Pagination)
 def rubric_list(request: HttpRequest, q: str = SEARCH) -> Any:
-    rubrics = selectors.rubric_list(team=_member(request).team, query=q).prefetch_related(
-        "versions"
-    )
-    return [_with_versions(rubric) for rubric in rubrics]
+    return _list_with_versions(request, services.RUBRIC, q)
 
 
 @router.get("/rubrics/{rubric_id}", response=answers({200: RubricOut}))
@@ -589,21 +611,17 @@ def rubric_get(request: HttpRequest, rubric_id: int) -> Any:
     "/rubrics", response=answers({201: RubricOut, 422: ErrorOut}), summary="Create (draft v1)"
 )
 def rubric_create(request: HttpRequest, payload: RubricIn) -> Any:
-    membership = _member(request, Role.RESEARCHER)
+    _member(request, Role.RESEARCHER)  # the role is checked before the input, as everywhere
     try:
         source, source_format = _spec_source(payload)
-        rubric = services.rubric_create(
-            actor=request.user,
-            team=membership.team,
-            slug=payload.slug,
-            title=payload.title,
-            description=payload.description,
-            source=source,
-            source_format=source_format,
-        )
-    except (ValidationError, _Invalid) as error:
+    except _Invalid as error:
         return _invalid(error)
-    return 201, _with_versions(selectors.rubric_get(pk=rubric.pk))
+    return _create(
+        request,
+        services.RUBRIC,
+        meta=payload,
+        values={"source": source, "source_format": source_format},
+    )
 
 
 @router.patch("/rubrics/{rubric_id}", response=answers({200: RubricOut, 422: ErrorOut}))
@@ -651,10 +669,7 @@ def rubric_version_publish(request: HttpRequest, rubric_id: int, number: int) ->
 )
 @paginate(Pagination)
 def sandbox_image_list(request: HttpRequest, q: str = SEARCH) -> Any:
-    images = selectors.sandbox_image_list(team=_member(request).team, query=q).prefetch_related(
-        "versions"
-    )
-    return [_with_versions(image) for image in images]
+    return _list_with_versions(request, services.SANDBOX_IMAGE, q)
 
 
 @router.get("/sandbox-images/{image_id}", response=answers({200: SandboxImageOut}))
@@ -664,16 +679,10 @@ def sandbox_image_get(request: HttpRequest, image_id: int) -> Any:
 
 @router.post("/sandbox-images", response=answers({201: SandboxImageOut, 422: ErrorOut}))
 def sandbox_image_create(request: HttpRequest, payload: SandboxImageIn) -> Any:
-    membership = _member(request, Role.RESEARCHER)
     values = payload.dict()
-    meta = {name: values.pop(name) for name in ("slug", "title", "description")}
-    try:
-        image = services.sandbox_image_create(
-            actor=request.user, team=membership.team, **meta, **values
-        )
-    except ValidationError as error:
-        return _invalid(error)
-    return 201, _with_versions(selectors.sandbox_image_get(pk=image.pk))
+    for name in ("slug", "title", "description"):
+        values.pop(name)
+    return _create(request, services.SANDBOX_IMAGE, meta=payload, values=values)
 
 
 @router.patch("/sandbox-images/{image_id}", response=answers({200: SandboxImageOut, 422: ErrorOut}))
