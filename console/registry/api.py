@@ -127,6 +127,23 @@ def _create(
     return 201, _with_versions(selectors.versioned_get(kind=kind, pk=obj.pk))
 
 
+def _save_draft(
+    request: HttpRequest,
+    kind: services.VersionedKind,
+    obj: Any,
+    values: dict[str, Any],
+    out: Callable[[Any], dict[str, Any]],
+) -> Any:
+    """Save `values` as the object's draft (a new draft version after a published one)."""
+    try:
+        version = services.versioned_save_draft(
+            kind=kind, actor=request.user, obj=obj, payload=values
+        )
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, out(selectors.versioned_version_get(kind=kind, obj=obj, number=version.number))
+
+
 def _publish(
     request: HttpRequest,
     kind: services.VersionedKind,
@@ -640,17 +657,13 @@ def rubric_version_get(request: HttpRequest, rubric_id: int, number: int) -> Any
     summary="Save the draft (a new draft version if the latest is published)",
 )
 def rubric_save_draft(request: HttpRequest, rubric_id: int, payload: SpecIn) -> Any:
-    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
+    obj = _rubric(request, rubric_id, Role.RESEARCHER)
     try:
         source, source_format = _spec_source(payload)
-        version = services.rubric_save_draft(
-            actor=request.user, rubric=rubric, source=source, source_format=source_format
-        )
-    except (ValidationError, _Invalid) as error:
+    except _Invalid as error:
         return _invalid(error)
-    return 200, _rubric_version_out(
-        selectors.rubric_version_get(rubric=rubric, number=version.number)
-    )
+    values = {"source": source, "source_format": source_format}
+    return _save_draft(request, services.RUBRIC, obj, values, _rubric_version_out)
 
 
 @router.post(
@@ -703,16 +716,8 @@ def sandbox_image_version_get(request: HttpRequest, image_id: int, number: int) 
     summary="Save the draft (a new draft version if the latest is published)",
 )
 def sandbox_image_save_draft(request: HttpRequest, image_id: int, payload: SandboxValues) -> Any:
-    image = _image(request, image_id, Role.RESEARCHER)
-    try:
-        version = services.sandbox_image_save_draft(
-            actor=request.user, image=image, **payload.dict()
-        )
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _sandbox_version_out(
-        selectors.sandbox_image_version_get(image=image, number=version.number)
-    )
+    obj = _image(request, image_id, Role.RESEARCHER)
+    return _save_draft(request, services.SANDBOX_IMAGE, obj, payload.dict(), _sandbox_version_out)
 
 
 @router.post(
