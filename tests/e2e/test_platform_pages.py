@@ -106,7 +106,7 @@ def test_an_audit_entry_opens_to_the_fields_it_changed(
     _pages(people)
     login(page, people.owner)
     page.goto("/audit/?action=rubric.update")
-    first = page.locator("table.audit tbody tr").first
+    first = page.locator("table.audit > tbody > tr").first
     first.get_by_text("2 fields").click()
     diff = first.locator("table.diff")
     diff.wait_for()
