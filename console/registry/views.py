@@ -502,9 +502,12 @@ def versioned_create(request: HttpRequest, kind: str) -> HttpResponse:
 def versioned_detail(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
     pages = KIND_PAGES[kind]
     obj, membership = _versioned_for(request, pages.kind, pk)
+    versions = obj.versions.all()
     context = {
         "obj": obj,
-        "versions": obj.versions.all(),
+        "versions": versions,
+        # At most one; its publish control sits in the page's head, in reach on a phone.
+        "draft": next((version for version in versions if version.is_draft), None),
         "domains": obj.domains.order_by("slug"),
         "can_edit": _can_edit(membership),
         **_pages_context(pages),

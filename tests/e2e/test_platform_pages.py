@@ -97,6 +97,16 @@ def test_every_page_at_desktop_and_phone_width(
                 if height > AUDIT_PAGE_MAX_PX:
                     problems.append(f"audit log {width_name}: {height} px tall")
             screenshot(page, f"page-{name}-{width_name}")
+        # Publishing from the object's page: the confirmation opens in the page, on screen.
+        page.goto(pages["rubric-detail"])
+        page.get_by_text("Publish v2…").click()
+        page.get_by_role("button", name="Yes, publish v2").wait_for()
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        if overflow > 1:
+            problems.append(f"publish confirmation {width_name}: {overflow} px too wide")
+        screenshot(page, f"page-rubric-detail-publish-{width_name}")
     assert not problems, "\n".join(problems)
 
 
