@@ -216,6 +216,19 @@ class DomainOut(Schema):
     split_seed: int
     created_at: dt.datetime
     updated_at: dt.datetime
+    ready: bool = Field(
+        description="Whether a run could train on the domain now: it has tasks, its rubric has a "
+        "published version, and so has its sandbox image if it uses one"
+    )
+    blockers: list[str] = Field(description="Why it cannot run yet, in words (empty when ready)")
+
+    @staticmethod
+    def resolve_blockers(domain: Domain) -> list[str]:
+        return selectors.domain_blockers(domain=domain)
+
+    @staticmethod
+    def resolve_ready(domain: Domain) -> bool:
+        return not selectors.domain_blockers(domain=domain)
 
 
 class DomainIn(Schema):

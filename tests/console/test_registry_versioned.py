@@ -188,3 +188,20 @@ def test_the_domain_list_says_which_domains_can_run(
         return
     assert content.count('<span class="badge ok">ready</span>') == 1  # math
     assert content.count("cannot run yet</a>") == 1  # empty: no tasks, no rubric
+
+
+def test_the_api_says_whether_a_domain_can_run_and_why_not(
+    registry: Registry, people: Any, api_client_as: Callable[[str], Client]
+) -> None:
+    client = api_client_as("owner")
+    url = f"/api/registry/domains/{registry.domain.pk}"
+    body = client.get(url).json()
+    assert body["ready"] is False
+    assert body["blockers"] == ["sandbox image python-bwrap has no published version yet"]
+    services.sandbox_image_version_publish(
+        actor=people.owner, version=registry.image.versions.get()
+    )
+    body = client.get(url).json()
+    assert body["ready"] is True and body["blockers"] == []
+    listed = client.get("/api/registry/domains").json()["items"]
+    assert [domain["ready"] for domain in listed] == [True]
