@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 
 from console.accounts.models import Team
+from console.audit.diff import FieldChange, field_changes
 
 
 class AuditEntry(models.Model):
@@ -38,6 +39,11 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target_label}"
+
+    @property
+    def changes(self) -> list[FieldChange]:
+        """Only the fields this write changed (see console.audit.diff), for the log's page."""
+        return field_changes(self.before, self.after)
 
     @property
     def before_text(self) -> str:

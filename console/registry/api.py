@@ -10,6 +10,7 @@ is spooled to a temporary file in chunks with the size limit enforced while read
 
 import datetime as dt
 import tempfile
+from collections.abc import Callable
 from typing import Any, Literal
 
 from django.conf import settings
@@ -58,26 +59,112 @@ def _domain(request: HttpRequest, domain_id: int, role: str = Role.ANNOTATOR) ->
     return domain
 
 
-def _rubric(request: HttpRequest, rubric_id: int, role: str = Role.ANNOTATOR) -> Rubric:
+def _versioned(
+    request: HttpRequest, kind: services.VersionedKind, obj_id: int, role: str = Role.ANNOTATOR
+) -> Any:
     try:
-        rubric = selectors.rubric_get(pk=rubric_id)
-    except Rubric.DoesNotExist:
-        raise HttpError(404, "No such rubric") from None
-    if rubric.team_id != api_membership(request).team_id:
-        raise HttpError(404, "No such rubric")
+        obj = selectors.versioned_get(kind=kind, pk=obj_id)
+    except kind.model.DoesNotExist:  # type: ignore[attr-defined]
+        raise HttpError(404, f"No such {kind.label}") from None
+    # Another team's object does not exist for this token.
+    if obj.team_id != api_membership(request).team_id:
+        raise HttpError(404, f"No such {kind.label}")
     _member(request, role)
-    return rubric
+    return obj
+
+
+def _version(request: HttpRequest, kind: services.VersionedKind, obj_id: int, number: int) -> Any:
+    obj = _versioned(request, kind, obj_id)
+    try:
+        return selectors.versioned_version_get(kind=kind, obj=obj, number=number)
+    except kind.version_model.DoesNotExist:  # type: ignore[attr-defined]
+        raise HttpError(404, "No such version") from None
+
+
+def _rubric(request: HttpRequest, rubric_id: int, role: str = Role.ANNOTATOR) -> Rubric:
+    return _versioned(request, services.RUBRIC, rubric_id, role)  # type: ignore[no-any-return]
 
 
 def _image(request: HttpRequest, image_id: int, role: str = Role.ANNOTATOR) -> SandboxImage:
+    return _versioned(request, services.SANDBOX_IMAGE, image_id, role)  # type: ignore[no-any-return]
+
+
+def _update_meta(
+    request: HttpRequest, kind: services.VersionedKind, obj_id: int, payload: "MetaPatch"
+) -> Any:
+    obj = _versioned(request, kind, obj_id, Role.RESEARCHER)
+    values = {"slug": obj.slug, "title": obj.title, "description": obj.description}
+    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
     try:
-        image = selectors.sandbox_image_get(pk=image_id)
-    except SandboxImage.DoesNotExist:
-        raise HttpError(404, "No such sandbox image") from None
-    if image.team_id != api_membership(request).team_id:
-        raise HttpError(404, "No such sandbox image")
-    _member(request, role)
-    return image
+        services.versioned_update(kind=kind, actor=request.user, obj=obj, **values)
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, _with_versions(selectors.versioned_get(kind=kind, pk=obj.pk))
+
+
+def _list_with_versions(request: HttpRequest, kind: services.VersionedKind, query: str) -> Any:
+    objects = selectors.versioned_list(kind=kind, team=_member(request).team, query=query)
+    return [_with_versions(obj) for obj in objects.prefetch_related("versions")]
+
+
+def _create(
+    request: HttpRequest, kind: services.VersionedKind, *, meta: Any, values: dict[str, Any]
+) -> Any:
+    """A new object of the kind with `values` as its draft version 1."""
+    membership = _member(request, Role.RESEARCHER)
+    try:
+        obj = services.versioned_create(
+            kind=kind,
+            actor=request.user,
+            team=membership.team,
+            slug=meta.slug,
+            title=meta.title,
+            description=meta.description,
+            payload=values,
+        )
+    except ValidationError as error:
+        return _invalid(error)
+    return 201, _with_versions(selectors.versioned_get(kind=kind, pk=obj.pk))
+
+
+def _save_draft(
+    request: HttpRequest,
+    kind: services.VersionedKind,
+    obj: Any,
+    values: dict[str, Any],
+    out: Callable[[Any], dict[str, Any]],
+) -> Any:
+    """Save `values` as the object's draft (a new draft version after a published one)."""
+    try:
+        version = services.versioned_save_draft(
+            kind=kind, actor=request.user, obj=obj, payload=values
+        )
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, out(selectors.versioned_version_get(kind=kind, obj=obj, number=version.number))
+
+
+def _publish(
+    request: HttpRequest,
+    kind: services.VersionedKind,
+    obj_id: int,
+    number: int,
+    out: Callable[[Any], dict[str, Any]],
+) -> Any:
+    """Publish a draft: 409 if it is no longer one, 422 if its payload no longer passes the
+    kind's checks (they run again at publish, for every kind)."""
+    obj = _versioned(request, kind, obj_id, Role.RESEARCHER)
+    try:
+        version = selectors.versioned_version_get(kind=kind, obj=obj, number=number)
+    except kind.version_model.DoesNotExist:  # type: ignore[attr-defined]
+        raise HttpError(404, "No such version") from None
+    try:
+        services.versioned_publish(kind=kind, actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        return 409, {"detail": str(conflict)}
+    except ValidationError as error:
+        return _invalid(error)
+    return 200, out(selectors.versioned_version_get(kind=kind, obj=obj, number=number))
 
 
 def _team_rubric(membership: Membership, rubric_id: int | None) -> Rubric | None:
@@ -129,6 +216,19 @@ class DomainOut(Schema):
     split_seed: int
     created_at: dt.datetime
     updated_at: dt.datetime
+    ready: bool = Field(
+        description="Whether a run could train on the domain now: it has tasks, its rubric has a "
+        "published version, and so has its sandbox image if it uses one"
+    )
+    blockers: list[str] = Field(description="Why it cannot run yet, in words (empty when ready)")
+
+    @staticmethod
+    def resolve_blockers(domain: Domain) -> list[str]:
+        return selectors.domain_blockers(domain=domain)
+
+    @staticmethod
+    def resolve_ready(domain: Domain) -> bool:
+        return not selectors.domain_blockers(domain=domain)
 
 
 class DomainIn(Schema):
@@ -182,6 +282,9 @@ class UploadOut(Schema):
     more_errors: int
     preview: list[PreviewRowOut] = []
     file_error: str
+    replaced_taskset_version: int = Field(
+        0, description="The version this upload took over from; it stays readable (0: none)"
+    )
     domain: DomainOut
 
 
@@ -403,19 +506,28 @@ def domain_resplit(request: HttpRequest, domain_id: int, payload: SplitIn) -> An
 @router.get(
     "/domains/{domain_id}/tasks",
     response=answers({200: list[TaskOut]}),
-    summary="Tasks in file order",
+    summary="Tasks in file order, of the current task set or an older version (?taskset=)",
 )
 @paginate(Pagination)
 def domain_tasks(
-    request: HttpRequest, domain_id: int, split: Literal["", "train", "held_out"] = ""
+    request: HttpRequest,
+    domain_id: int,
+    split: Literal["", "train", "held_out"] = "",
+    taskset: int | None = Query(
+        None, ge=1, le=2**31 - 1, description="A task-set version (default: the current one)"
+    ),
 ) -> Any:
-    return selectors.domain_tasks(domain=_domain(request, domain_id), split=split)
+    domain = _domain(request, domain_id)
+    if taskset is not None and taskset > domain.taskset_version:
+        raise HttpError(404, "No such task-set version")
+    return selectors.domain_tasks(domain=domain, split=split, taskset_version=taskset)
 
 
 @router.post(
     "/domains/{domain_id}/tasks",
     response=answers({200: UploadOut, 413: ErrorOut, 422: UploadOut | ErrorOut}),
-    summary="Replace the task set with the JSONL request body",
+    summary="Store the JSONL request body as the next task-set version, which becomes current "
+    "(older versions stay readable)",
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -485,6 +597,7 @@ def domain_upload_tasks(request: HttpRequest, domain_id: int, params: Query[Uplo
             for row in result.preview
         ],
         "file_error": result.file_error,
+        "replaced_taskset_version": result.replaced_version,
         "domain": domain,
     }
     return (200 if result.stored else 422), body
@@ -516,10 +629,7 @@ def _with_versions(obj: Rubric | SandboxImage) -> dict[str, Any]:
 )
 @paginate(Pagination)
 def rubric_list(request: HttpRequest, q: str = SEARCH) -> Any:
-    rubrics = selectors.rubric_list(team=_member(request).team, query=q).prefetch_related(
-        "versions"
-    )
-    return [_with_versions(rubric) for rubric in rubrics]
+    return _list_with_versions(request, services.RUBRIC, q)
 
 
 @router.get("/rubrics/{rubric_id}", response=answers({200: RubricOut}))
@@ -531,42 +641,27 @@ def rubric_get(request: HttpRequest, rubric_id: int) -> Any:
     "/rubrics", response=answers({201: RubricOut, 422: ErrorOut}), summary="Create (draft v1)"
 )
 def rubric_create(request: HttpRequest, payload: RubricIn) -> Any:
-    membership = _member(request, Role.RESEARCHER)
+    _member(request, Role.RESEARCHER)  # the role is checked before the input, as everywhere
     try:
         source, source_format = _spec_source(payload)
-        rubric = services.rubric_create(
-            actor=request.user,
-            team=membership.team,
-            slug=payload.slug,
-            title=payload.title,
-            description=payload.description,
-            source=source,
-            source_format=source_format,
-        )
-    except (ValidationError, _Invalid) as error:
+    except _Invalid as error:
         return _invalid(error)
-    return 201, _with_versions(selectors.rubric_get(pk=rubric.pk))
+    return _create(
+        request,
+        services.RUBRIC,
+        meta=payload,
+        values={"source": source, "source_format": source_format},
+    )
 
 
 @router.patch("/rubrics/{rubric_id}", response=answers({200: RubricOut, 422: ErrorOut}))
 def rubric_update(request: HttpRequest, rubric_id: int, payload: MetaPatch) -> Any:
-    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
-    values = {"slug": rubric.slug, "title": rubric.title, "description": rubric.description}
-    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
-    try:
-        services.rubric_update(actor=request.user, rubric=rubric, **values)
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _with_versions(selectors.rubric_get(pk=rubric.pk))
+    return _update_meta(request, services.RUBRIC, rubric_id, payload)
 
 
 @router.get("/rubrics/{rubric_id}/versions/{number}", response=answers({200: RubricVersionOut}))
 def rubric_version_get(request: HttpRequest, rubric_id: int, number: int) -> Any:
-    rubric = _rubric(request, rubric_id)
-    try:
-        return _rubric_version_out(selectors.rubric_version_get(rubric=rubric, number=number))
-    except RubricVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
+    return _rubric_version_out(_version(request, services.RUBRIC, rubric_id, number))
 
 
 @router.post(
@@ -575,17 +670,13 @@ def rubric_version_get(request: HttpRequest, rubric_id: int, number: int) -> Any
     summary="Save the draft (a new draft version if the latest is published)",
 )
 def rubric_save_draft(request: HttpRequest, rubric_id: int, payload: SpecIn) -> Any:
-    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
+    obj = _rubric(request, rubric_id, Role.RESEARCHER)
     try:
         source, source_format = _spec_source(payload)
-        version = services.rubric_save_draft(
-            actor=request.user, rubric=rubric, source=source, source_format=source_format
-        )
-    except (ValidationError, _Invalid) as error:
+    except _Invalid as error:
         return _invalid(error)
-    return 200, _rubric_version_out(
-        selectors.rubric_version_get(rubric=rubric, number=version.number)
-    )
+    values = {"source": source, "source_format": source_format}
+    return _save_draft(request, services.RUBRIC, obj, values, _rubric_version_out)
 
 
 @router.post(
@@ -593,18 +684,7 @@ def rubric_save_draft(request: HttpRequest, rubric_id: int, payload: SpecIn) -> 
     response=answers({200: RubricVersionOut, 409: ErrorOut, 422: ErrorOut}),
 )
 def rubric_version_publish(request: HttpRequest, rubric_id: int, number: int) -> Any:
-    rubric = _rubric(request, rubric_id, Role.RESEARCHER)
-    try:
-        version = selectors.rubric_version_get(rubric=rubric, number=number)
-    except RubricVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
-    try:
-        services.rubric_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        return 409, {"detail": str(conflict)}
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _rubric_version_out(selectors.rubric_version_get(rubric=rubric, number=number))
+    return _publish(request, services.RUBRIC, rubric_id, number, _rubric_version_out)
 
 
 # --- sandbox images -------------------------------------------------------------------------------
@@ -615,10 +695,7 @@ def rubric_version_publish(request: HttpRequest, rubric_id: int, number: int) ->
 )
 @paginate(Pagination)
 def sandbox_image_list(request: HttpRequest, q: str = SEARCH) -> Any:
-    images = selectors.sandbox_image_list(team=_member(request).team, query=q).prefetch_related(
-        "versions"
-    )
-    return [_with_versions(image) for image in images]
+    return _list_with_versions(request, services.SANDBOX_IMAGE, q)
 
 
 @router.get("/sandbox-images/{image_id}", response=answers({200: SandboxImageOut}))
@@ -628,39 +705,22 @@ def sandbox_image_get(request: HttpRequest, image_id: int) -> Any:
 
 @router.post("/sandbox-images", response=answers({201: SandboxImageOut, 422: ErrorOut}))
 def sandbox_image_create(request: HttpRequest, payload: SandboxImageIn) -> Any:
-    membership = _member(request, Role.RESEARCHER)
     values = payload.dict()
-    meta = {name: values.pop(name) for name in ("slug", "title", "description")}
-    try:
-        image = services.sandbox_image_create(
-            actor=request.user, team=membership.team, **meta, **values
-        )
-    except ValidationError as error:
-        return _invalid(error)
-    return 201, _with_versions(selectors.sandbox_image_get(pk=image.pk))
+    for name in ("slug", "title", "description"):
+        values.pop(name)
+    return _create(request, services.SANDBOX_IMAGE, meta=payload, values=values)
 
 
 @router.patch("/sandbox-images/{image_id}", response=answers({200: SandboxImageOut, 422: ErrorOut}))
 def sandbox_image_update(request: HttpRequest, image_id: int, payload: MetaPatch) -> Any:
-    image = _image(request, image_id, Role.RESEARCHER)
-    values = {"slug": image.slug, "title": image.title, "description": image.description}
-    values.update({k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None})
-    try:
-        services.sandbox_image_update(actor=request.user, image=image, **values)
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _with_versions(selectors.sandbox_image_get(pk=image.pk))
+    return _update_meta(request, services.SANDBOX_IMAGE, image_id, payload)
 
 
 @router.get(
     "/sandbox-images/{image_id}/versions/{number}", response=answers({200: SandboxVersionOut})
 )
 def sandbox_image_version_get(request: HttpRequest, image_id: int, number: int) -> Any:
-    image = _image(request, image_id)
-    try:
-        return _sandbox_version_out(selectors.sandbox_image_version_get(image=image, number=number))
-    except SandboxImageVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
+    return _sandbox_version_out(_version(request, services.SANDBOX_IMAGE, image_id, number))
 
 
 @router.post(
@@ -669,32 +729,13 @@ def sandbox_image_version_get(request: HttpRequest, image_id: int, number: int) 
     summary="Save the draft (a new draft version if the latest is published)",
 )
 def sandbox_image_save_draft(request: HttpRequest, image_id: int, payload: SandboxValues) -> Any:
-    image = _image(request, image_id, Role.RESEARCHER)
-    try:
-        version = services.sandbox_image_save_draft(
-            actor=request.user, image=image, **payload.dict()
-        )
-    except ValidationError as error:
-        return _invalid(error)
-    return 200, _sandbox_version_out(
-        selectors.sandbox_image_version_get(image=image, number=version.number)
-    )
+    obj = _image(request, image_id, Role.RESEARCHER)
+    return _save_draft(request, services.SANDBOX_IMAGE, obj, payload.dict(), _sandbox_version_out)
 
 
 @router.post(
     "/sandbox-images/{image_id}/versions/{number}/publish",
-    response=answers({200: SandboxVersionOut, 409: ErrorOut}),
+    response=answers({200: SandboxVersionOut, 409: ErrorOut, 422: ErrorOut}),
 )
 def sandbox_image_version_publish(request: HttpRequest, image_id: int, number: int) -> Any:
-    image = _image(request, image_id, Role.RESEARCHER)
-    try:
-        version = selectors.sandbox_image_version_get(image=image, number=number)
-    except SandboxImageVersion.DoesNotExist:
-        raise HttpError(404, "No such version") from None
-    try:
-        services.sandbox_image_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        return 409, {"detail": str(conflict)}
-    return 200, _sandbox_version_out(
-        selectors.sandbox_image_version_get(image=image, number=number)
-    )
+    return _publish(request, services.SANDBOX_IMAGE, image_id, number, _sandbox_version_out)

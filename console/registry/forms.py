@@ -21,6 +21,16 @@ from console.registry.services import sandbox_version_problems
 SLUG_HELP = "Lowercase letters, digits, '-' and '_'; unique in your team."
 
 
+class VersionedChoiceField(forms.ModelChoiceField):
+    """A rubric or image to point a domain at; one with nothing published yet says so, since a
+    run cannot use it until then (the choice is still allowed: a draft may be published later)."""
+
+    def label_from_instance(self, obj: Any) -> str:
+        if getattr(obj, "has_published", True):
+            return str(obj.slug)
+        return f"{obj.slug} (no published version yet: cannot run)"
+
+
 class DomainForm(forms.Form):
     slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
     title = forms.CharField(max_length=200)
@@ -28,10 +38,10 @@ class DomainForm(forms.Form):
     default_mix_weight = forms.FloatField(
         min_value=0, initial=1.0, help_text="Share of this domain in a run's mix (≥ 0)."
     )
-    rubric: forms.ModelChoiceField = forms.ModelChoiceField(
+    rubric: forms.ModelChoiceField = VersionedChoiceField(
         queryset=None, required=False, empty_label="— none —"
     )
-    sandbox_image: forms.ModelChoiceField = forms.ModelChoiceField(
+    sandbox_image: forms.ModelChoiceField = VersionedChoiceField(
         queryset=None, required=False, empty_label="— none —"
     )
 
@@ -68,10 +78,15 @@ class ResplitForm(forms.Form):
     split_seed = forms.IntegerField(min_value=-(2**63), max_value=2**63 - 1, label="Seed")
 
 
-class RubricMetaForm(forms.Form):
+class VersionedMetaForm(forms.Form):
+    """The name of any versioned object (rubric, sandbox image): its versions are edited apart."""
+
     slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
     title = forms.CharField(max_length=200)
     description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+
+RubricMetaForm = VersionedMetaForm
 
 
 class RubricSourceForm(forms.Form):
@@ -112,10 +127,7 @@ class TrySampleForm(forms.Form):
     )
 
 
-class SandboxImageMetaForm(forms.Form):
-    slug = forms.SlugField(max_length=64, help_text=SLUG_HELP)
-    title = forms.CharField(max_length=200)
-    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+SandboxImageMetaForm = VersionedMetaForm
 
 
 def _limit_field(name: str, label: str, help_text: str, integral: bool = True) -> forms.Field:

@@ -94,8 +94,11 @@ def format_bound(value: float) -> str:
     return f"{int(value):,}" if value == int(value) else f"{value:g}"
 
 
-class Rubric(models.Model):
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="rubrics")
+class VersionedObject(models.Model):
+    """A team-owned object with numbered versions (rubrics, sandbox images; next, base models):
+    at most one version is a draft, publishing freezes it. The concrete class adds its `team`
+    foreign key (each with its own related name) and its per-team unique slug."""
+
     slug = models.SlugField(max_length=64)
     title = models.CharField(max_length=200)
     description = models.TextField(blank=True)
@@ -106,26 +109,21 @@ class Rubric(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        abstract = True
         ordering = ["slug"]
-        constraints = [
-            models.UniqueConstraint(fields=["team", "slug"], name="rubric_slug_unique_per_team")
-        ]
 
     def __str__(self) -> str:
         return self.slug
 
 
-class RubricVersion(models.Model):
-    rubric = models.ForeignKey(Rubric, on_delete=models.CASCADE, related_name="versions")
+class ObjectVersion(models.Model):
+    """One numbered version of a VersionedObject; the concrete class adds the foreign key to its
+    object and the payload fields, and takes its constraints from `version_constraints`."""
+
     number = models.PositiveIntegerField()
     status = models.CharField(
         max_length=16, choices=VersionStatus.choices, default=VersionStatus.DRAFT
     )
-    # The text the author wrote (kept verbatim so comments and layout survive) and the parsed
-    # spec that `rewards.Rubric.from_spec` consumes.
-    source = models.TextField()
-    source_format = models.CharField(max_length=8, choices=SpecFormat.choices)
-    spec = models.JSONField()
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
@@ -137,64 +135,75 @@ class RubricVersion(models.Model):
     )
 
     class Meta:
-        ordering = ["rubric", "-number"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["rubric", "number"], name="rubric_version_number_unique"
-            ),
-            models.UniqueConstraint(
-                fields=["rubric"],
-                condition=Q(status="draft"),
-                name="rubric_at_most_one_draft",
-            ),
-            models.CheckConstraint(
-                condition=Q(status__in=["draft", "published"]), name="rubric_version_status_valid"
-            ),
-            models.CheckConstraint(
-                condition=Q(status="draft", published_at__isnull=True)
-                | Q(status="published", published_at__isnull=False, published_by__isnull=False),
-                name="rubric_version_published_fields",
-            ),
-            models.CheckConstraint(condition=Q(number__gte=1), name="rubric_version_number_gte_1"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.rubric.slug} v{self.number}"
+        abstract = True
 
     @property
     def is_draft(self) -> bool:
         return self.status == VersionStatus.DRAFT
 
 
-class SandboxImage(models.Model):
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sandbox_images")
-    slug = models.SlugField(max_length=64)
-    title = models.CharField(max_length=200)
-    description = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+def version_constraints(key: str, parent_field: str) -> list[models.BaseConstraint]:
+    """What the database enforces for every kind's versions: one number per object, at most one
+    draft, a known status, publish fields set exactly when published, numbers from 1."""
+    return [
+        models.UniqueConstraint(
+            fields=[parent_field, "number"], name=f"{key}_version_number_unique"
+        ),
+        models.UniqueConstraint(
+            fields=[parent_field],
+            condition=Q(status="draft"),
+            name=f"{key}_at_most_one_draft",
+        ),
+        models.CheckConstraint(
+            condition=Q(status__in=["draft", "published"]), name=f"{key}_version_status_valid"
+        ),
+        models.CheckConstraint(
+            condition=Q(status="draft", published_at__isnull=True)
+            | Q(status="published", published_at__isnull=False, published_by__isnull=False),
+            name=f"{key}_version_published_fields",
+        ),
+        models.CheckConstraint(condition=Q(number__gte=1), name=f"{key}_version_number_gte_1"),
+    ]
+
+
+class Rubric(VersionedObject):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="rubrics")
+
+    class Meta(VersionedObject.Meta):
+        constraints = [
+            models.UniqueConstraint(fields=["team", "slug"], name="rubric_slug_unique_per_team")
+        ]
+
+
+class RubricVersion(ObjectVersion):
+    rubric = models.ForeignKey(Rubric, on_delete=models.CASCADE, related_name="versions")
+    # The text the author wrote (kept verbatim so comments and layout survive) and the parsed
+    # spec that `rewards.Rubric.from_spec` consumes.
+    source = models.TextField()
+    source_format = models.CharField(max_length=8, choices=SpecFormat.choices)
+    spec = models.JSONField()
 
     class Meta:
-        ordering = ["slug"]
+        ordering = ["rubric", "-number"]
+        constraints = version_constraints("rubric", "rubric")
+
+    def __str__(self) -> str:
+        return f"{self.rubric.slug} v{self.number}"
+
+
+class SandboxImage(VersionedObject):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sandbox_images")
+
+    class Meta(VersionedObject.Meta):
         constraints = [
             models.UniqueConstraint(
                 fields=["team", "slug"], name="sandbox_image_slug_unique_per_team"
             )
         ]
 
-    def __str__(self) -> str:
-        return self.slug
 
-
-class SandboxImageVersion(models.Model):
+class SandboxImageVersion(ObjectVersion):
     image = models.ForeignKey(SandboxImage, on_delete=models.CASCADE, related_name="versions")
-    number = models.PositiveIntegerField()
-    status = models.CharField(
-        max_length=16, choices=VersionStatus.choices, default=VersionStatus.DRAFT
-    )
     driver = models.CharField(max_length=16, choices=SandboxDriver.choices)
     # For podman/docker an OCI reference (registry/name:tag or @sha256:...); for bwrap the base
     # root filesystem directory ("" means the host's read-only root).
@@ -208,39 +217,11 @@ class SandboxImageVersion(models.Model):
     network = models.CharField(
         max_length=16, choices=SandboxNetwork.choices, default=SandboxNetwork.NONE
     )
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-    published_at = models.DateTimeField(null=True, blank=True)
-    published_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
-    )
 
     class Meta:
         ordering = ["image", "-number"]
         constraints = [
-            models.UniqueConstraint(
-                fields=["image", "number"], name="sandbox_image_version_number_unique"
-            ),
-            models.UniqueConstraint(
-                fields=["image"],
-                condition=Q(status="draft"),
-                name="sandbox_image_at_most_one_draft",
-            ),
-            models.CheckConstraint(
-                condition=Q(status__in=["draft", "published"]),
-                name="sandbox_image_version_status_valid",
-            ),
-            models.CheckConstraint(
-                condition=Q(status="draft", published_at__isnull=True)
-                | Q(status="published", published_at__isnull=False, published_by__isnull=False),
-                name="sandbox_image_version_published_fields",
-            ),
-            models.CheckConstraint(
-                condition=Q(number__gte=1), name="sandbox_image_version_number_gte_1"
-            ),
+            *version_constraints("sandbox_image", "image"),
             models.CheckConstraint(
                 condition=Q(driver__in=["bwrap", "podman", "docker"]),
                 name="sandbox_image_version_driver_valid",
@@ -265,10 +246,6 @@ class SandboxImageVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.image.slug} v{self.number}"
-
-    @property
-    def is_draft(self) -> bool:
-        return self.status == VersionStatus.DRAFT
 
     def sandbox_spec(self) -> dict[str, Any]:
         """The plain spec `sandboxes.SandboxSpec.from_dict` takes for this version: what a run
@@ -301,8 +278,9 @@ class Domain(models.Model):
     sandbox_image = models.ForeignKey(
         SandboxImage, on_delete=models.PROTECT, null=True, blank=True, related_name="domains"
     )
-    # The task set: replaced whole by each upload; the counter lets runs record which upload
-    # they trained on.
+    # The current task set: each upload is a new numbered version (0: none yet) and becomes
+    # current; older versions' tasks are kept, since runs pin the version they trained on.
+    # The other taskset_/count fields describe the current version.
     taskset_version = models.PositiveIntegerField(default=0)
     taskset_filename = models.CharField(max_length=255, blank=True)
     taskset_uploaded_at = models.DateTimeField(null=True, blank=True)
@@ -343,6 +321,8 @@ class Domain(models.Model):
 
 class Task(models.Model):
     domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="tasks")
+    # The upload (the domain's task-set version) this task came in.
+    taskset_version = models.PositiveIntegerField(default=1)
     # 0-based position in the uploaded file; line number = index + 1 (blank lines excepted).
     index = models.PositiveIntegerField()
     line_number = models.PositiveIntegerField()
@@ -355,9 +335,11 @@ class Task(models.Model):
     split_from_file = models.BooleanField(default=False)
 
     class Meta:
-        ordering = ["domain", "index"]
+        ordering = ["domain", "taskset_version", "index"]
         constraints = [
-            models.UniqueConstraint(fields=["domain", "index"], name="task_index_unique"),
+            models.UniqueConstraint(
+                fields=["domain", "taskset_version", "index"], name="task_index_unique_per_version"
+            ),
             models.CheckConstraint(
                 condition=~Q(prompt="") | Q(messages__isnull=False),
                 name="task_has_prompt_or_messages",
@@ -366,7 +348,11 @@ class Task(models.Model):
                 condition=Q(split__in=["train", "held_out"]), name="task_split_valid"
             ),
         ]
-        indexes = [models.Index(fields=["domain", "split", "index"], name="task_domain_split")]
+        indexes = [
+            models.Index(
+                fields=["domain", "taskset_version", "split", "index"], name="task_version_split"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.domain_id}#{self.index}"

@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
-from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+)
 
 from console.accounts.models import Team
 from console.registry.models import (
@@ -16,6 +28,7 @@ from console.registry.models import (
     Task,
     VersionStatus,
 )
+from console.registry.services import RUBRIC, SANDBOX_IMAGE, VersionedKind
 
 
 def _search(queryset: QuerySet, query: str, fields: tuple[str, ...]) -> QuerySet:
@@ -28,8 +41,33 @@ def _search(queryset: QuerySet, query: str, fields: tuple[str, ...]) -> QuerySet
     return queryset.filter(condition)
 
 
+def _published_exists(kind: VersionedKind, outer: str) -> Exists:
+    return Exists(
+        kind.version_model.objects.filter(  # type: ignore[attr-defined]
+            **{kind.parent_field: OuterRef(outer)}, status=VersionStatus.PUBLISHED
+        )
+    )
+
+
 def domain_list(*, team: Team | int, query: str = "") -> QuerySet[Domain]:
-    domains = Domain.objects.filter(team=team).select_related("rubric", "sandbox_image")
+    """The team's domains, each with `ready`: whether a run could train on it now (tasks, a
+    rubric with a published version, and a published version of its image if it has one);
+    `domain_blockers` says why not."""
+    domains = (
+        Domain.objects.filter(team=team)
+        .select_related("rubric", "sandbox_image")
+        .annotate(
+            rubric_published=_published_exists(RUBRIC, "rubric_id"),
+            image_published=_published_exists(SANDBOX_IMAGE, "sandbox_image_id"),
+        )
+        .annotate(
+            ready=ExpressionWrapper(
+                Q(task_count__gt=0, rubric_published=True)
+                & (Q(sandbox_image__isnull=True) | Q(image_published=True)),
+                output_field=BooleanField(),
+            )
+        )
+    )
     return _search(domains, query, ("slug", "title", "description")).order_by("slug")
 
 
@@ -38,16 +76,18 @@ def domain_get(*, pk: int) -> Domain:
     return Domain.objects.select_related("team", "rubric", "sandbox_image").get(pk=pk)
 
 
-def domain_tasks(*, domain: Domain, split: str = "") -> QuerySet[Task]:
-    tasks = Task.objects.filter(domain=domain)
+def domain_tasks(
+    *, domain: Domain, split: str = "", taskset_version: int | None = None
+) -> QuerySet[Task]:
+    """The tasks of one task-set version (the current one unless named), in file order."""
+    version = domain.taskset_version if taskset_version is None else taskset_version
+    tasks = Task.objects.filter(domain=domain, taskset_version=version)
     if split:
         tasks = tasks.filter(split=split)
     return tasks.order_by("index")
 
 
-def _latest_published(
-    model: type[RubricVersion] | type[SandboxImageVersion], parent_field: str
-) -> Subquery:
+def _latest_published(model: type[Any], parent_field: str) -> Subquery:
     return Subquery(
         model.objects.filter(**{parent_field: OuterRef("pk")}, status=VersionStatus.PUBLISHED)
         .order_by("-number")
@@ -55,32 +95,59 @@ def _latest_published(
     )
 
 
-def rubric_list(*, team: Team | int, query: str = "") -> QuerySet[Rubric]:
-    rubrics = Rubric.objects.filter(team=team).annotate(
+# --- versioned objects (rubrics, sandbox images): the same reads for every kind ------------------
+
+
+def versioned_list(*, kind: VersionedKind, team: Team | int, query: str = "") -> QuerySet:
+    """The team's objects of a kind, each with how many versions it has, whether one is a draft
+    and its newest published number (None: nothing a run could use yet)."""
+    objects = kind.model.objects.filter(team=team).annotate(  # type: ignore[attr-defined]
         version_count=Count("versions", distinct=True),
         draft_count=Count(
             "versions", filter=Q(versions__status=VersionStatus.DRAFT), distinct=True
         ),
-        latest_published=_latest_published(RubricVersion, "rubric"),
+        latest_published=_latest_published(kind.version_model, kind.parent_field),
     )
-    return _search(rubrics, query, ("slug", "title", "description")).order_by("slug")
+    return _search(objects, query, ("slug", "title", "description")).order_by("slug")
 
 
-def rubric_get(*, pk: int) -> Rubric:
-    versions = RubricVersion.objects.select_related("created_by", "published_by").order_by(
-        "-number"
-    )
+def versioned_get(*, kind: VersionedKind, pk: int) -> Any:
+    """The object with its team (for the access check) and its versions, newest first; raises
+    the model's DoesNotExist."""
+    versions = kind.version_model.objects.select_related(  # type: ignore[attr-defined]
+        "created_by", "published_by"
+    ).order_by("-number")
     return (
-        Rubric.objects.select_related("team", "created_by")
+        kind.model.objects.select_related("team", "created_by")  # type: ignore[attr-defined]
         .prefetch_related(Prefetch("versions", queryset=versions))
         .get(pk=pk)
     )
 
 
+def versioned_version_get(*, kind: VersionedKind, obj: Any, number: int) -> Any:
+    return kind.version_model.objects.select_related(  # type: ignore[attr-defined]
+        f"{kind.parent_field}__team", "created_by", "published_by"
+    ).get(**{kind.parent_field: obj}, number=number)
+
+
+def versioned_draft(*, kind: VersionedKind, obj: Any) -> Any:
+    return kind.versions(obj).filter(status=VersionStatus.DRAFT).first()
+
+
+def versioned_latest(*, kind: VersionedKind, obj: Any) -> Any:
+    return kind.versions(obj).order_by("-number").first()
+
+
+def rubric_list(*, team: Team | int, query: str = "") -> QuerySet[Rubric]:
+    return versioned_list(kind=RUBRIC, team=team, query=query)
+
+
+def rubric_get(*, pk: int) -> Rubric:
+    return versioned_get(kind=RUBRIC, pk=pk)  # type: ignore[no-any-return]
+
+
 def rubric_version_get(*, rubric: Rubric, number: int) -> RubricVersion:
-    return RubricVersion.objects.select_related("rubric__team", "created_by", "published_by").get(
-        rubric=rubric, number=number
-    )
+    return versioned_version_get(kind=RUBRIC, obj=rubric, number=number)  # type: ignore[no-any-return]
 
 
 def rubric_version_changes(*, version: RubricVersion) -> list[tuple[str, str]]:
@@ -105,52 +172,79 @@ def rubric_version_changes(*, version: RubricVersion) -> list[tuple[str, str]]:
 
 
 def rubric_draft(*, rubric: Rubric) -> RubricVersion | None:
-    return rubric.versions.filter(status=VersionStatus.DRAFT).first()
+    return versioned_draft(kind=RUBRIC, obj=rubric)  # type: ignore[no-any-return]
 
 
 def rubric_latest(*, rubric: Rubric) -> RubricVersion | None:
-    return rubric.versions.order_by("-number").first()
+    return versioned_latest(kind=RUBRIC, obj=rubric)  # type: ignore[no-any-return]
 
 
 def rubric_choices(*, team: Team | int) -> QuerySet[Rubric]:
-    return Rubric.objects.filter(team=team).order_by("slug")
+    """The team's rubrics a domain may point to, each with `has_published` (a run needs one)."""
+    return (
+        Rubric.objects.filter(team=team)
+        .annotate(has_published=_published_exists(RUBRIC, "pk"))
+        .order_by("slug")
+    )
 
 
 def sandbox_image_list(*, team: Team | int, query: str = "") -> QuerySet[SandboxImage]:
-    images = SandboxImage.objects.filter(team=team).annotate(
-        version_count=Count("versions", distinct=True),
-        latest_published=_latest_published(SandboxImageVersion, "image"),
-    )
-    return _search(images, query, ("slug", "title", "description")).order_by("slug")
+    return versioned_list(kind=SANDBOX_IMAGE, team=team, query=query)
 
 
 def sandbox_image_get(*, pk: int) -> SandboxImage:
-    versions = SandboxImageVersion.objects.select_related("created_by", "published_by").order_by(
-        "-number"
-    )
-    return (
-        SandboxImage.objects.select_related("team", "created_by")
-        .prefetch_related(Prefetch("versions", queryset=versions))
-        .get(pk=pk)
-    )
+    return versioned_get(kind=SANDBOX_IMAGE, pk=pk)  # type: ignore[no-any-return]
 
 
 def sandbox_image_version_get(*, image: SandboxImage, number: int) -> SandboxImageVersion:
-    return SandboxImageVersion.objects.select_related(
-        "image__team", "created_by", "published_by"
-    ).get(image=image, number=number)
+    return versioned_version_get(kind=SANDBOX_IMAGE, obj=image, number=number)  # type: ignore[no-any-return]
 
 
 def sandbox_image_draft(*, image: SandboxImage) -> SandboxImageVersion | None:
-    return image.versions.filter(status=VersionStatus.DRAFT).first()
+    return versioned_draft(kind=SANDBOX_IMAGE, obj=image)  # type: ignore[no-any-return]
 
 
 def sandbox_image_latest(*, image: SandboxImage) -> SandboxImageVersion | None:
-    return image.versions.order_by("-number").first()
+    return versioned_latest(kind=SANDBOX_IMAGE, obj=image)  # type: ignore[no-any-return]
 
 
 def sandbox_image_choices(*, team: Team | int) -> QuerySet[SandboxImage]:
-    return SandboxImage.objects.filter(team=team).order_by("slug")
+    """The team's images a domain may point to, each with `has_published`."""
+    return (
+        SandboxImage.objects.filter(team=team)
+        .annotate(has_published=_published_exists(SANDBOX_IMAGE, "pk"))
+        .order_by("slug")
+    )
+
+
+def _has_published(kind: VersionedKind, obj: Any) -> bool:
+    return kind.versions(obj).filter(status=VersionStatus.PUBLISHED).exists()
+
+
+def domain_taskset_versions(*, domain: Domain) -> list[dict[str, int]]:
+    """Every task-set version the domain still holds, newest first, with its task count."""
+    rows = (
+        Task.objects.filter(domain=domain)
+        .values("taskset_version")
+        .annotate(tasks=Count("pk"))
+        .order_by("-taskset_version")
+    )
+    return [{"version": row["taskset_version"], "tasks": row["tasks"]} for row in rows]
+
+
+def domain_blockers(*, domain: Domain) -> list[str]:
+    """Why a run could not train on the domain yet, in words for its page; empty when it can.
+    A run pins a published rubric version (and image version, when the domain uses one)."""
+    blockers = []
+    if domain.task_count == 0:
+        blockers.append("it has no tasks yet")
+    if domain.rubric is None:
+        blockers.append("it has no reward rubric")
+    elif not _has_published(RUBRIC, domain.rubric):
+        blockers.append(f"rubric {domain.rubric.slug} has no published version yet")
+    if domain.sandbox_image is not None and not _has_published(SANDBOX_IMAGE, domain.sandbox_image):
+        blockers.append(f"sandbox image {domain.sandbox_image.slug} has no published version yet")
+    return blockers
 
 
 def registry_counts(*, team: Team | int) -> dict[str, int]:
@@ -158,5 +252,7 @@ def registry_counts(*, team: Team | int) -> dict[str, int]:
         "domains": Domain.objects.filter(team=team).count(),
         "rubrics": Rubric.objects.filter(team=team).count(),
         "sandbox_images": SandboxImage.objects.filter(team=team).count(),
-        "tasks": Task.objects.filter(domain__team=team).count(),
+        "tasks": Task.objects.filter(
+            domain__team=team, taskset_version=F("domain__taskset_version")
+        ).count(),
     }

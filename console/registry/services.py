@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import IO, Any
@@ -231,6 +231,9 @@ class UploadResult:
     # The first valid rows as read, so a refused upload still shows what the file holds.
     preview: list[tasksets.ParsedTask] = field(default_factory=list)
     file_error: str = ""
+    # The task-set version the stored upload took over from (0: the domain had none); it is
+    # kept, no longer current.
+    replaced_version: int = 0
 
     @property
     def more_errors(self) -> int:
@@ -252,7 +255,8 @@ def domain_upload_tasks(
     keep_valid_rows: bool = False,
     max_line_bytes: int | None = None,
 ) -> UploadResult:
-    """Replace the domain's task set with the tasks in a JSONL file, read line by line.
+    """Store the tasks in a JSONL file as the domain's next task-set version, which becomes
+    current; earlier versions' tasks are kept (runs pin the version they trained on).
 
     If any row is invalid nothing changes, unless `keep_valid_rows`; then the valid rows are
     stored and the invalid ones reported. Either way the report lists errors by line number.
@@ -267,9 +271,16 @@ def domain_upload_tasks(
         with transaction.atomic():
             locked = Domain.objects.select_for_update().get(pk=domain.pk)
             before = snapshot(locked)
-            locked.tasks.all().delete()
+            new_version = locked.taskset_version + 1
             _store_rows(
-                locked, stream, limit, held_out_fraction, split_seed, keep_valid_rows, result
+                locked,
+                new_version,
+                stream,
+                limit,
+                held_out_fraction,
+                split_seed,
+                keep_valid_rows,
+                result,
             )
             if result.invalid and not keep_valid_rows:
                 raise _Rollback
@@ -280,7 +291,8 @@ def domain_upload_tasks(
                     else ("no row is valid, so nothing was stored")
                 )
                 raise _Rollback
-            locked.taskset_version += 1
+            result.replaced_version = locked.taskset_version
+            locked.taskset_version = new_version
             locked.taskset_filename = PurePosixPath(filename).name[:255]
             locked.taskset_uploaded_at = timezone.now()
             locked.task_count = result.valid
@@ -326,6 +338,7 @@ def _json_text(value: Any) -> str | None:
 
 def _store_rows(
     domain: Domain,
+    taskset_version: int,
     stream: IO[bytes],
     max_line_bytes: int,
     held_out_fraction: float,
@@ -340,6 +353,7 @@ def _store_rows(
         connection.ops.quote_name(Task._meta.get_field(name).column)  # type: ignore[union-attr, arg-type]
         for name in (
             "domain",
+            "taskset_version",
             "index",
             "line_number",
             "prompt",
@@ -378,6 +392,7 @@ def _store_rows(
             copy.write_row(
                 (
                     domain.pk,
+                    taskset_version,
                     index,
                     line_number,
                     row.prompt,
@@ -390,16 +405,16 @@ def _store_rows(
             )
 
 
-RESPLIT_COLUMNS = ("index", "split", "domain", "split_from_file")
+RESPLIT_COLUMNS = ("index", "split", "domain", "split_from_file", "taskset_version")
 
 
 @transaction.atomic
 def domain_resplit(
     *, actor: Any, domain: Domain, held_out_fraction: float, split_seed: int
 ) -> Domain:
-    """Re-draw the train/held-out split of the stored tasks with a new fraction or seed, in one
-    UPDATE (PostgreSQL computes the same hash as the upload does). Rows whose split the file
-    named keep it."""
+    """Re-draw the train/held-out split of the current task set with a new fraction or seed, in
+    one UPDATE (PostgreSQL computes the same hash as the upload does). Rows whose split the file
+    named keep it; older task-set versions are left as runs pinned them."""
     _check_split(held_out_fraction, split_seed)
     locked = Domain.objects.select_for_update().get(pk=domain.pk)
     before = snapshot(locked)
@@ -410,7 +425,8 @@ def domain_resplit(
     sql = (
         f"UPDATE {quote(Task._meta.db_table)} SET {column['split']} = "  # noqa: S608
         f"CASE WHEN {split_hash} < %s THEN %s ELSE %s END "
-        f"WHERE {column['domain']} = %s AND NOT {column['split_from_file']}"
+        f"WHERE {column['domain']} = %s AND {column['taskset_version']} = %s "
+        f"AND NOT {column['split_from_file']}"
     )
     params: list[int | str] = [
         split_seed,
@@ -418,12 +434,15 @@ def domain_resplit(
         str(TaskSplit.HELD_OUT.value),
         str(TaskSplit.TRAIN.value),
         int(locked.pk),
+        int(locked.taskset_version),
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
     locked.held_out_fraction = held_out_fraction
     locked.split_seed = split_seed
-    locked.held_out_count = locked.tasks.filter(split=TaskSplit.HELD_OUT).count()
+    locked.held_out_count = locked.tasks.filter(
+        taskset_version=locked.taskset_version, split=TaskSplit.HELD_OUT
+    ).count()
     locked.save(update_fields=["held_out_fraction", "split_seed", "held_out_count", "updated_at"])
     audit_record(
         actor=actor,
@@ -436,14 +455,54 @@ def domain_resplit(
     return locked
 
 
-# --- versioned things: rubrics and sandbox images -----------------------------------------------
+# --- versioned objects: one layer for rubrics, sandbox images (and, next, base models) ---------
+#
+# A team-owned object with a slug, a title and numbered versions; at most one version is a
+# draft (editable), publishing freezes it, and every change is audited. What differs between
+# kinds is only the version's payload and how it is checked: a `VersionedKind` plugs those in,
+# and the services below do the rest the same way for every kind.
+#
+# Adding a kind (base models, for the runs issue):
+# 1. models: `BaseModel(VersionedObject)` with its `team` foreign key and per-team unique slug,
+#    `BaseModelVersion(ObjectVersion)` with the foreign key (related_name="versions"), the
+#    payload fields and `constraints = version_constraints("base_model", "<fk name>")`;
+# 2. here: a payload check (raises ValidationError by field) and `VersionedKind(...)` added to
+#    VERSIONED_KINDS; thin `base_model_*` wrappers only if callers want them;
+# 3. views.KIND_PAGES: its forms and templates (a version page and a draft/create form; the
+#    list, detail, rename, create, draft and publish views and templates are shared), and its
+#    URLs under the names `registry:base_model_<page>` with `{"kind": "base_model"}`;
+# 4. api: its schemas and routes, using `_versioned`, `_version`, `_update_meta`, `_publish`.
+
+
+@dataclass(frozen=True)
+class VersionedKind:
+    """How one kind of versioned object plugs into the shared services, selectors and pages.
+
+    `check_payload` takes the version values a user gave and returns the fields to store on
+    the version (raising ValidationError with field -> messages); `stored_payload` gives back
+    what a stored version was made from, so publishing can check it again under today's rules.
+    """
+
+    key: str  # "rubric": audit action prefix and URL-name prefix
+    label: str  # "rubric", "sandbox image": for messages
+    model: type[models.Model]
+    version_model: type[models.Model]
+    parent_field: str  # the version's foreign key to its object
+    check_payload: Callable[[Mapping[str, Any]], dict[str, Any]]
+    stored_payload: Callable[[Any], dict[str, Any]]
+
+    def versions(self, obj: Any) -> models.QuerySet:
+        return self.version_model.objects.filter(**{self.parent_field: obj})  # type: ignore[attr-defined, no-any-return]
+
+    def parent_of(self, version: Any) -> Any:
+        return getattr(version, self.parent_field)
 
 
 def _next_number(versions: models.QuerySet) -> int:
     return (versions.aggregate(top=Max("number"))["top"] or 0) + 1
 
 
-def _publish(version: RubricVersion | SandboxImageVersion, actor: Any) -> None:
+def _publish(version: Any, actor: Any) -> None:
     """Flip a draft to published with a conditional update: of two concurrent publishers exactly
     one changes the row; the other learns it lost."""
     now = timezone.now()
@@ -459,7 +518,121 @@ def _publish(version: RubricVersion | SandboxImageVersion, actor: Any) -> None:
     version.refresh_from_db()
 
 
-# --- rubrics ------------------------------------------------------------------------------------
+def _check_meta(slug: str, title: str, description: str) -> None:
+    _check_slug(slug)
+    _check_title(title)
+    _check_description(description)
+
+
+@transaction.atomic
+def versioned_create(
+    *,
+    kind: VersionedKind,
+    actor: Any,
+    team: Team,
+    slug: str,
+    title: str,
+    description: str = "",
+    payload: Mapping[str, Any],
+) -> Any:
+    """The object and its draft version 1."""
+    _check_meta(slug, title, description)
+    fields = kind.check_payload(payload)
+    obj = kind.model(
+        team=team, slug=slug, title=title.strip(), description=description, created_by=actor
+    )
+    _save_unique(obj, what=kind.label)
+    version = kind.version_model.objects.create(  # type: ignore[attr-defined]
+        **{kind.parent_field: obj}, number=1, created_by=actor, **fields
+    )
+    audit_record(
+        actor=actor,
+        team=team,
+        action=f"{kind.key}.create",
+        target=obj,
+        before=None,
+        after={**snapshot(obj), "draft": snapshot(version)},
+    )
+    return obj
+
+
+@transaction.atomic
+def versioned_update(
+    *, kind: VersionedKind, actor: Any, obj: Any, slug: str, title: str, description: str
+) -> Any:
+    """Rename or re-describe the object (its versions are untouched)."""
+    obj = kind.model.objects.select_for_update().get(pk=obj.pk)  # type: ignore[attr-defined]
+    before = snapshot(obj)
+    _check_meta(slug, title, description)
+    obj.slug, obj.title, obj.description = slug, title.strip(), description
+    _save_unique(obj, what=kind.label)
+    after = snapshot(obj)
+    if after != before:
+        audit_record(
+            actor=actor,
+            team=obj.team,
+            action=f"{kind.key}.update",
+            target=obj,
+            before=before,
+            after=after,
+        )
+    return obj
+
+
+@transaction.atomic
+def versioned_save_draft(
+    *, kind: VersionedKind, actor: Any, obj: Any, payload: Mapping[str, Any]
+) -> Any:
+    """Edit the object's draft, or start a new draft version after the published ones."""
+    fields = kind.check_payload(payload)
+    # Locking the object serialises draft edits and publishes of the same object.
+    obj = kind.model.objects.select_for_update().get(pk=obj.pk)  # type: ignore[attr-defined]
+    versions = kind.versions(obj)
+    draft = versions.filter(status=VersionStatus.DRAFT).first()
+    if draft is None:
+        draft = kind.version_model(
+            **{kind.parent_field: obj}, number=_next_number(versions), created_by=actor
+        )
+        before = None
+    else:
+        before = snapshot(draft)
+    for name, value in fields.items():
+        setattr(draft, name, value)
+    draft.save()
+    audit_record(
+        actor=actor,
+        team=obj.team,
+        action=f"{kind.key}.save_draft",
+        target=draft,
+        before=before,
+        after=snapshot(draft),
+    )
+    return draft
+
+
+@transaction.atomic
+def versioned_publish(*, kind: VersionedKind, actor: Any, version: Any) -> Any:
+    """Freeze a draft. Its payload is checked again first: what was valid when saved may not be
+    under today's libraries and settings, and a published version is what runs start from."""
+    obj = kind.model.objects.select_for_update().get(pk=getattr(version, f"{kind.parent_field}_id"))  # type: ignore[attr-defined]
+    version = kind.version_model.objects.get(pk=version.pk)  # type: ignore[attr-defined]
+    if not version.is_draft:
+        raise VersionConflict(f"version {version.number} is already published")
+    kind.check_payload(kind.stored_payload(version))
+    before = snapshot(version)
+    _publish(version, actor)
+    audit_record(
+        actor=actor,
+        team=obj.team,
+        action=f"{kind.key}.publish",
+        target=version,
+        before=before,
+        after=snapshot(version),
+    )
+    return version
+
+
+# --- rubrics: the payload is the spec's text ----------------------------------------------------
 
 
 def _checked_spec(source: str, source_format: str) -> dict[str, Any]:
@@ -471,7 +644,28 @@ def _checked_spec(source: str, source_format: str) -> dict[str, Any]:
     return spec
 
 
-@transaction.atomic
+def _checked_rubric_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
+    source, source_format = payload.get("source"), payload.get("source_format")
+    if not isinstance(source, str):
+        raise ValidationError({"source": "the spec's text is required"})
+    spec = _checked_spec(source, str(source_format))
+    return {"source": source, "source_format": source_format, "spec": spec}
+
+
+RUBRIC = VersionedKind(
+    key="rubric",
+    label="rubric",
+    model=Rubric,
+    version_model=RubricVersion,
+    parent_field="rubric",
+    check_payload=_checked_rubric_payload,
+    stored_payload=lambda version: {
+        "source": version.source,
+        "source_format": version.source_format,
+    },
+)
+
+
 def rubric_create(
     *,
     actor: Any,
@@ -482,106 +676,39 @@ def rubric_create(
     source: str,
     source_format: str,
 ) -> Rubric:
-    _check_slug(slug)
-    _check_title(title)
-    _check_description(description)
-    spec = _checked_spec(source, source_format)
-    rubric = Rubric(
-        team=team, slug=slug, title=title.strip(), description=description, created_by=actor
-    )
-    _save_unique(rubric, what="rubric")
-    version = RubricVersion.objects.create(
-        rubric=rubric,
-        number=1,
-        source=source,
-        source_format=source_format,
-        spec=spec,
-        created_by=actor,
-    )
-    audit_record(
+    return versioned_create(  # type: ignore[no-any-return]
+        kind=RUBRIC,
         actor=actor,
         team=team,
-        action="rubric.create",
-        target=rubric,
-        before=None,
-        after={**snapshot(rubric), "draft": snapshot(version)},
+        slug=slug,
+        title=title,
+        description=description,
+        payload={"source": source, "source_format": source_format},
     )
-    return rubric
 
 
-@transaction.atomic
 def rubric_update(*, actor: Any, rubric: Rubric, slug: str, title: str, description: str) -> Rubric:
-    rubric = Rubric.objects.select_for_update().get(pk=rubric.pk)
-    before = snapshot(rubric)
-    _check_slug(slug)
-    _check_title(title)
-    _check_description(description)
-    rubric.slug, rubric.title, rubric.description = slug, title.strip(), description
-    _save_unique(rubric, what="rubric")
-    after = snapshot(rubric)
-    if after != before:
-        audit_record(
-            actor=actor,
-            team=rubric.team,
-            action="rubric.update",
-            target=rubric,
-            before=before,
-            after=after,
-        )
-    return rubric
+    return versioned_update(  # type: ignore[no-any-return]
+        kind=RUBRIC, actor=actor, obj=rubric, slug=slug, title=title, description=description
+    )
 
 
-@transaction.atomic
 def rubric_save_draft(
     *, actor: Any, rubric: Rubric, source: str, source_format: str
 ) -> RubricVersion:
-    """Edit the rubric's draft, or start a new draft version after the published ones."""
-    spec = _checked_spec(source, source_format)
-    # Locking the rubric serialises draft edits and publishes of the same rubric.
-    rubric = Rubric.objects.select_for_update().get(pk=rubric.pk)
-    draft = rubric.versions.filter(status=VersionStatus.DRAFT).first()
-    if draft is None:
-        draft = RubricVersion(
-            rubric=rubric, number=_next_number(rubric.versions.all()), created_by=actor
-        )
-        before = None
-    else:
-        before = snapshot(draft)
-    draft.source, draft.source_format, draft.spec = source, source_format, spec
-    draft.save()
-    audit_record(
+    return versioned_save_draft(  # type: ignore[no-any-return]
+        kind=RUBRIC,
         actor=actor,
-        team=rubric.team,
-        action="rubric.save_draft",
-        target=draft,
-        before=before,
-        after=snapshot(draft),
+        obj=rubric,
+        payload={"source": source, "source_format": source_format},
     )
-    return draft
 
 
-@transaction.atomic
 def rubric_version_publish(*, actor: Any, version: RubricVersion) -> RubricVersion:
-    rubric = Rubric.objects.select_for_update().get(pk=version.rubric_id)
-    version = RubricVersion.objects.get(pk=version.pk)
-    if not version.is_draft:
-        raise VersionConflict(f"version {version.number} is already published")
-    # A spec that was valid when saved may not be under today's rewards library: check again.
-    _checked_spec(version.source, version.source_format)
-    before = snapshot(version)
-    _publish(version, actor)
-    audit_record(
-        actor=actor,
-        team=rubric.team,
-        action="rubric.publish",
-        target=version,
-        before=before,
-        after=snapshot(version),
-    )
-    return version
+    return versioned_publish(kind=RUBRIC, actor=actor, version=version)  # type: ignore[no-any-return]
 
 
-# --- sandbox images -----------------------------------------------------------------------------
+# --- sandbox images: the payload is the image and its limits ------------------------------------
 
 SANDBOX_VERSION_FIELDS = SANDBOX_SPEC_FIELDS
 SANDBOX_DEFAULTS: dict[str, Any] = {
@@ -668,98 +795,52 @@ def _checked_sandbox_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-@transaction.atomic
+SANDBOX_IMAGE = VersionedKind(
+    key="sandbox_image",
+    label="sandbox image",
+    model=SandboxImage,
+    version_model=SandboxImageVersion,
+    parent_field="image",
+    check_payload=_checked_sandbox_values,
+    stored_payload=lambda version: {
+        name: getattr(version, name) for name in SANDBOX_VERSION_FIELDS
+    },
+)
+
+VERSIONED_KINDS: dict[str, VersionedKind] = {kind.key: kind for kind in (RUBRIC, SANDBOX_IMAGE)}
+
+
 def sandbox_image_create(
     *, actor: Any, team: Team, slug: str, title: str, description: str = "", **version_values: Any
 ) -> SandboxImage:
-    _check_slug(slug)
-    _check_title(title)
-    _check_description(description)
-    values = _checked_sandbox_values(version_values)
-    image = SandboxImage(
-        team=team, slug=slug, title=title.strip(), description=description, created_by=actor
-    )
-    _save_unique(image, what="sandbox image")
-    version = SandboxImageVersion.objects.create(image=image, number=1, created_by=actor, **values)
-    audit_record(
+    return versioned_create(  # type: ignore[no-any-return]
+        kind=SANDBOX_IMAGE,
         actor=actor,
         team=team,
-        action="sandbox_image.create",
-        target=image,
-        before=None,
-        after={**snapshot(image), "draft": snapshot(version)},
+        slug=slug,
+        title=title,
+        description=description,
+        payload=version_values,
     )
-    return image
 
 
-@transaction.atomic
 def sandbox_image_update(
     *, actor: Any, image: SandboxImage, slug: str, title: str, description: str
 ) -> SandboxImage:
-    image = SandboxImage.objects.select_for_update().get(pk=image.pk)
-    before = snapshot(image)
-    _check_slug(slug)
-    _check_title(title)
-    _check_description(description)
-    image.slug, image.title, image.description = slug, title.strip(), description
-    _save_unique(image, what="sandbox image")
-    after = snapshot(image)
-    if after != before:
-        audit_record(
-            actor=actor,
-            team=image.team,
-            action="sandbox_image.update",
-            target=image,
-            before=before,
-            after=after,
-        )
-    return image
+    return versioned_update(  # type: ignore[no-any-return]
+        kind=SANDBOX_IMAGE, actor=actor, obj=image, slug=slug, title=title, description=description
+    )
 
 
-@transaction.atomic
 def sandbox_image_save_draft(
     *, actor: Any, image: SandboxImage, **version_values: Any
 ) -> SandboxImageVersion:
-    values = _checked_sandbox_values(version_values)
-    image = SandboxImage.objects.select_for_update().get(pk=image.pk)
-    draft = image.versions.filter(status=VersionStatus.DRAFT).first()
-    if draft is None:
-        draft = SandboxImageVersion(
-            image=image, number=_next_number(image.versions.all()), created_by=actor
-        )
-        before = None
-    else:
-        before = snapshot(draft)
-    for name, value in values.items():
-        setattr(draft, name, value)
-    draft.save()
-    audit_record(
-        actor=actor,
-        team=image.team,
-        action="sandbox_image.save_draft",
-        target=draft,
-        before=before,
-        after=snapshot(draft),
+    return versioned_save_draft(  # type: ignore[no-any-return]
+        kind=SANDBOX_IMAGE, actor=actor, obj=image, payload=version_values
     )
-    return draft
 
 
-@transaction.atomic
 def sandbox_image_version_publish(
     *, actor: Any, version: SandboxImageVersion
 ) -> SandboxImageVersion:
-    image = SandboxImage.objects.select_for_update().get(pk=version.image_id)
-    version = SandboxImageVersion.objects.get(pk=version.pk)
-    if not version.is_draft:
-        raise VersionConflict(f"version {version.number} is already published")
-    before = snapshot(version)
-    _publish(version, actor)
-    audit_record(
-        actor=actor,
-        team=image.team,
-        action="sandbox_image.publish",
-        target=version,
-        before=before,
-        after=snapshot(version),
-    )
-    return version
+    return versioned_publish(kind=SANDBOX_IMAGE, actor=actor, version=version)  # type: ignore[no-any-return]

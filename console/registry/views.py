@@ -8,6 +8,8 @@ inline: an htmx POST carrying `_validate` re-renders the form with its errors an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -30,7 +32,6 @@ from console.registry.models import (
     Rubric,
     RubricVersion,
     SandboxImage,
-    SandboxImageVersion,
     TaskSplit,
 )
 from console.registry.uploads import SizeLimitHandler
@@ -51,44 +52,46 @@ def _domain_for(
     return domain, require_team_role(request.user, domain.team, role)
 
 
+def _versioned_for(
+    request: HttpRequest, kind: services.VersionedKind, pk: int, role: str = Role.ANNOTATOR
+) -> tuple[Any, Membership]:
+    try:
+        obj = selectors.versioned_get(kind=kind, pk=pk)
+    except kind.model.DoesNotExist:  # type: ignore[attr-defined]
+        raise Http404(f"No such {kind.label}") from None
+    return obj, require_team_role(request.user, obj.team, role)
+
+
+def _version_for(
+    request: HttpRequest,
+    kind: services.VersionedKind,
+    pk: int,
+    number: int,
+    role: str = Role.ANNOTATOR,
+) -> tuple[Any, Membership]:
+    obj, membership = _versioned_for(request, kind, pk, role)
+    try:
+        return selectors.versioned_version_get(kind=kind, obj=obj, number=number), membership
+    except kind.version_model.DoesNotExist:  # type: ignore[attr-defined]
+        raise Http404("No such version") from None
+
+
 def _rubric_for(
     request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
 ) -> tuple[Rubric, Membership]:
-    try:
-        rubric = selectors.rubric_get(pk=pk)
-    except Rubric.DoesNotExist:
-        raise Http404("No such rubric") from None
-    return rubric, require_team_role(request.user, rubric.team, role)
+    return _versioned_for(request, services.RUBRIC, pk, role)  # type: ignore[return-value]
 
 
 def _rubric_version_for(
     request: HttpRequest, pk: int, number: int, role: str = Role.ANNOTATOR
 ) -> tuple[RubricVersion, Membership]:
-    rubric, membership = _rubric_for(request, pk, role)
-    try:
-        return selectors.rubric_version_get(rubric=rubric, number=number), membership
-    except RubricVersion.DoesNotExist:
-        raise Http404("No such version") from None
+    return _version_for(request, services.RUBRIC, pk, number, role)  # type: ignore[return-value]
 
 
 def _image_for(
     request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
 ) -> tuple[SandboxImage, Membership]:
-    try:
-        image = selectors.sandbox_image_get(pk=pk)
-    except SandboxImage.DoesNotExist:
-        raise Http404("No such sandbox image") from None
-    return image, require_team_role(request.user, image.team, role)
-
-
-def _image_version_for(
-    request: HttpRequest, pk: int, number: int, role: str = Role.ANNOTATOR
-) -> tuple[SandboxImageVersion, Membership]:
-    image, membership = _image_for(request, pk, role)
-    try:
-        return selectors.sandbox_image_version_get(image=image, number=number), membership
-    except SandboxImageVersion.DoesNotExist:
-        raise Http404("No such version") from None
+    return _versioned_for(request, services.SANDBOX_IMAGE, pk, role)  # type: ignore[return-value]
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -214,9 +217,19 @@ def domain_detail(request: HttpRequest, pk: int) -> HttpResponse:
     split = request.GET.get("split", "")
     if split not in TaskSplit.values:
         split = ""
-    tasks = _page(request, selectors.domain_tasks(domain=domain, split=split), TASK_PAGE_SIZE)
+    shown_version = _taskset_version_asked(request, domain)
+    tasks = _page(
+        request,
+        selectors.domain_tasks(domain=domain, split=split, taskset_version=shown_version),
+        TASK_PAGE_SIZE,
+    )
     context = {
         "domain": domain,
+        "shown_version": shown_version,
+        # Set only when an older version is shown: the tabs and pager keep it in their links.
+        "older_version": shown_version if shown_version != domain.taskset_version else None,
+        "taskset_versions": selectors.domain_taskset_versions(domain=domain),
+        "blockers": selectors.domain_blockers(domain=domain),
         "tasks": tasks,
         "split": split,
         "splits": TaskSplit.choices,
@@ -231,6 +244,17 @@ def domain_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if request.htmx:  # type: ignore[attr-defined]
         return render(request, "registry/domain_detail.html#tasks", context)
     return render(request, "registry/domain_detail.html", context)
+
+
+def _taskset_version_asked(request: HttpRequest, domain: Domain) -> int:
+    """The task-set version `?taskset=` names (older ones stay readable: runs pin them), or the
+    current one; anything but a version the domain has had is a 404."""
+    asked = request.GET.get("taskset", "")
+    if not asked:
+        return domain.taskset_version
+    if not asked.isdigit() or len(asked) > 9 or not (1 <= int(asked) <= domain.taskset_version):
+        raise Http404("No such task-set version")
+    return int(asked)
 
 
 @csrf_exempt
@@ -288,9 +312,15 @@ def _domain_upload(request: HttpRequest, domain: Domain, guard: SizeLimitHandler
     if result.stored:
         rows = "row" if result.invalid == 1 else "rows"
         kept = f"; {result.invalid:,} invalid {rows} skipped" if result.invalid else ""
+        replaced = (
+            f"; v{result.replaced_version}, which it replaces, stays available"
+            if result.replaced_version
+            else ""
+        )
         messages.success(
             request,
-            f"Stored {result.valid:,} tasks ({result.held_out:,} held out){kept}.",
+            f"Stored {result.valid:,} tasks as task set v{result.replaced_version + 1} "
+            f"({result.held_out:,} held out){kept}{replaced}.",
         )
         return redirect("registry:domain_detail", pk=domain.pk)
     context = {"domain": domain, "form": form, "result": result, "file_error": result.file_error}
@@ -315,21 +345,6 @@ def domain_resplit(request: HttpRequest, pk: int) -> HttpResponse:
         f"Re-split: {domain.train_count:,} train, {domain.held_out_count:,} held out.",
     )
     return redirect("registry:domain_detail", pk=domain.pk)
-
-
-# --- rubrics ------------------------------------------------------------------------------------
-
-
-@login_required
-@require_GET
-def rubric_list(request: HttpRequest) -> HttpResponse:
-    membership = require_active_membership(request)
-    query = _search_query(request)
-    page = _page(request, selectors.rubric_list(team=membership.team, query=query))
-    context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
-    if request.htmx:  # type: ignore[attr-defined]
-        return render(request, "registry/rubric_list.html#results", context)
-    return render(request, "registry/rubric_list.html", context)
 
 
 EXAMPLE_RUBRIC = """\
@@ -362,100 +377,227 @@ def _kinds_context() -> dict[str, Any]:
     return {"criterion_kinds": kinds}
 
 
+# --- versioned objects: the pages every kind shares ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class KindPages:
+    """What differs between kinds on the shared pages: names in words and the templates that
+    show a version's payload. URL names follow `registry:<key>_<page>` for every kind."""
+
+    kind: services.VersionedKind
+    plural: str
+    edit_payload_label: str
+    summary_template: str
+    form_template: str
+    # The draft editor: its form, its template, how the form's values become the payload, the
+    # payload a first draft starts from, and anything more the page shows.
+    draft_form: type[Form]
+    draft_template: str
+    form_payload: Callable[[Any], dict[str, Any]]
+    default_payload: dict[str, Any]
+    draft_extras: Callable[[], dict[str, Any]]
+    # The create form: the object's name plus its first version's payload.
+    create_form: type[Form]
+    create_initial: dict[str, Any]
+
+    @property
+    def urls(self) -> dict[str, str]:
+        pages = ("list", "create", "detail", "edit", "draft", "version", "version_publish")
+        return {page: f"registry:{self.kind.key}_{page}" for page in pages}
+
+
+KIND_PAGES = {
+    "rubric": KindPages(
+        kind=services.RUBRIC,
+        plural="Reward rubrics",
+        edit_payload_label="Edit spec",
+        summary_template="registry/_rubric_summary.html",
+        form_template="registry/rubric_form.html",
+        draft_form=forms.RubricSourceForm,
+        draft_template="registry/rubric_draft.html",
+        form_payload=lambda form: {
+            "source": form.cleaned_data["source"],
+            "source_format": form.cleaned_data["source_format"],
+        },
+        default_payload={},
+        draft_extras=lambda: _kinds_context(),
+        create_form=forms.RubricCreateForm,
+        create_initial={"source": EXAMPLE_RUBRIC, "source_format": "yaml"},
+    ),
+    "sandbox_image": KindPages(
+        kind=services.SANDBOX_IMAGE,
+        plural="Sandbox images",
+        edit_payload_label="Edit image and limits",
+        summary_template="registry/_sandbox_image_summary.html",
+        form_template="registry/sandbox_image_form.html",
+        draft_form=forms.SandboxVersionForm,
+        draft_template="registry/sandbox_image_draft.html",
+        form_payload=lambda form: form.version_values(),
+        default_payload=services.SANDBOX_DEFAULTS,
+        draft_extras=dict,
+        create_form=forms.SandboxImageCreateForm,
+        create_initial=services.SANDBOX_DEFAULTS,
+    ),
+}
+
+
+def _pages_context(pages: KindPages) -> dict[str, Any]:
+    return {"pages": pages, "kind": pages.kind, "urls": pages.urls}
+
+
+@login_required
+@require_GET
+def versioned_list(request: HttpRequest, kind: str) -> HttpResponse:
+    pages = KIND_PAGES[kind]
+    membership = require_active_membership(request)
+    query = _search_query(request)
+    objects = selectors.versioned_list(kind=pages.kind, team=membership.team, query=query)
+    context = {
+        "page": _page(request, objects),
+        "q": query,
+        "can_edit": _can_edit(membership),
+        **_pages_context(pages),
+    }
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "registry/versioned_list.html#results", context)
+    return render(request, "registry/versioned_list.html", context)
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
-def rubric_create(request: HttpRequest) -> HttpResponse:
+def versioned_create(request: HttpRequest, kind: str) -> HttpResponse:
+    """A new object with its draft version 1."""
+    pages = KIND_PAGES[kind]
     membership = require_active_membership(request, Role.RESEARCHER)
-    form = forms.RubricCreateForm(
-        request.POST or None, initial={"source": EXAMPLE_RUBRIC, "source_format": "yaml"}
-    )
-    context = {"form": form, "rubric": None, **_kinds_context()}
+    form = pages.create_form(request.POST or None, initial=pages.create_initial)
+    context = {
+        "form": form,
+        pages.kind.parent_field: None,
+        **pages.draft_extras(),
+        **_pages_context(pages),
+    }
     if request.method == "POST" and form.is_valid() and not _validating(request):
         try:
-            rubric = services.rubric_create(
+            obj = services.versioned_create(
+                kind=pages.kind,
                 actor=request.user,
                 team=membership.team,
                 slug=form.cleaned_data["slug"],
                 title=form.cleaned_data["title"],
                 description=form.cleaned_data["description"],
-                source=form.cleaned_data["source"],
-                source_format=form.cleaned_data["source_format"],
+                payload=pages.form_payload(form),
             )
         except ValidationError as error:
             _apply_service_errors(form, error)
         else:
-            messages.success(request, f"Rubric {rubric.slug} created as draft version 1.")
-            return redirect("registry:rubric_detail", pk=rubric.pk)
-    return _form_response(request, "registry/rubric_form.html", context)
+            label = pages.kind.label.capitalize()
+            messages.success(request, f"{label} {obj.slug} created as draft version 1.")
+            return redirect(pages.urls["detail"], pk=obj.pk)
+    return _form_response(request, pages.form_template, context)
 
 
 @login_required
 @require_GET
-def rubric_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    rubric, membership = _rubric_for(request, pk)
+def versioned_detail(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
+    pages = KIND_PAGES[kind]
+    obj, membership = _versioned_for(request, pages.kind, pk)
+    versions = obj.versions.all()
     context = {
-        "rubric": rubric,
-        "versions": rubric.versions.all(),
-        "domains": rubric.domains.order_by("slug"),
+        "obj": obj,
+        "versions": versions,
+        # At most one; its publish control sits in the page's head, in reach on a phone.
+        "draft": next((version for version in versions if version.is_draft), None),
+        "domains": obj.domains.order_by("slug"),
         "can_edit": _can_edit(membership),
+        **_pages_context(pages),
     }
-    return render(request, "registry/rubric_detail.html", context)
+    return render(request, "registry/versioned_detail.html", context)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def rubric_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    rubric, _ = _rubric_for(request, pk, Role.RESEARCHER)
-    initial = {"slug": rubric.slug, "title": rubric.title, "description": rubric.description}
-    form = forms.RubricMetaForm(request.POST or None, initial=initial)
-    context = {"form": form, "rubric": rubric, "meta_only": True}
+def versioned_edit(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
+    """Rename or re-describe; the versions are edited on the draft page."""
+    pages = KIND_PAGES[kind]
+    obj, _ = _versioned_for(request, pages.kind, pk, Role.RESEARCHER)
+    initial = {"slug": obj.slug, "title": obj.title, "description": obj.description}
+    form = forms.VersionedMetaForm(request.POST or None, initial=initial)
+    # The kind's own form template names the object by its kind ("rubric", "image").
+    context = {"form": form, pages.kind.parent_field: obj, "meta_only": True}
     if request.method == "POST" and form.is_valid() and not _validating(request):
         try:
-            services.rubric_update(actor=request.user, rubric=rubric, **form.cleaned_data)
+            services.versioned_update(
+                kind=pages.kind, actor=request.user, obj=obj, **form.cleaned_data
+            )
         except ValidationError as error:
             _apply_service_errors(form, error)
         else:
-            messages.success(request, "Rubric saved.")
-            return redirect("registry:rubric_detail", pk=rubric.pk)
-    return _form_response(request, "registry/rubric_form.html", context)
+            messages.success(request, f"{pages.kind.label.capitalize()} saved.")
+            return redirect(pages.urls["detail"], pk=obj.pk)
+    return _form_response(request, pages.form_template, context)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def rubric_draft(request: HttpRequest, pk: int) -> HttpResponse:
-    """The editor: edits the draft, or starts a new draft from the latest version."""
-    rubric, _ = _rubric_for(request, pk, Role.RESEARCHER)
-    base = selectors.rubric_draft(rubric=rubric) or selectors.rubric_latest(rubric=rubric)
-    initial = {"source": base.source, "source_format": base.source_format} if base else {}
-    form = forms.RubricSourceForm(request.POST or None, initial=initial)
+def versioned_draft(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
+    """The draft editor: edits the draft, or starts a new draft from the latest version. Every
+    kind checks while editing the same way (the errors swapped in by id) and saves through the
+    same service."""
+    pages = KIND_PAGES[kind]
+    obj, _ = _versioned_for(request, pages.kind, pk, Role.RESEARCHER)
+    base = selectors.versioned_draft(kind=pages.kind, obj=obj) or selectors.versioned_latest(
+        kind=pages.kind, obj=obj
+    )
+    initial = pages.kind.stored_payload(base) if base is not None else pages.default_payload
+    form = pages.draft_form(request.POST or None, initial=initial)
     context = {
         "form": form,
-        "rubric": rubric,
+        pages.kind.parent_field: obj,
         "base": base,
         "draft": base if base is not None and base.is_draft else None,
-        **_kinds_context(),
+        **pages.draft_extras(),
+        **_pages_context(pages),
     }
     if request.method == "POST" and form.is_valid() and not _validating(request):
         try:
-            version = services.rubric_save_draft(
-                actor=request.user,
-                rubric=rubric,
-                source=form.cleaned_data["source"],
-                source_format=form.cleaned_data["source_format"],
+            version = services.versioned_save_draft(
+                kind=pages.kind, actor=request.user, obj=obj, payload=pages.form_payload(form)
             )
         except ValidationError as error:
             _apply_service_errors(form, error)
         else:
             messages.success(request, f"Draft version {version.number} saved.")
-            return redirect("registry:rubric_version", pk=rubric.pk, number=version.number)
-    if _validating(request):
-        return render(request, "registry/rubric_draft.html#issues", context)
-    return render(
-        request,
-        "registry/rubric_draft.html",
-        context,
-        status=422 if request.method == "POST" else 200,
+            return redirect(pages.urls["version"], pk=obj.pk, number=version.number)
+    return _form_response(request, pages.draft_template, context)
+
+
+@login_required
+@require_POST
+def versioned_version_publish(
+    request: HttpRequest, pk: int, number: int, kind: str
+) -> HttpResponse:
+    """Publish a draft (the page asks for confirmation first). Back to the page the button was
+    on: the object's page or the version's."""
+    pages = KIND_PAGES[kind]
+    version, _ = _version_for(request, pages.kind, pk, number, Role.RESEARCHER)
+    back = (
+        redirect(pages.urls["detail"], pk=pk)
+        if request.POST.get("back") == "detail"
+        else redirect(pages.urls["version"], pk=pk, number=number)
     )
+    try:
+        services.versioned_publish(kind=pages.kind, actor=request.user, version=version)
+    except services.VersionConflict as conflict:
+        messages.error(request, f"Not published: {conflict}.")
+    except ValidationError as error:
+        messages.error(request, "Not published: " + "; ".join(error.messages))
+    else:
+        messages.success(request, f"Version {number} published; it can no longer change.")
+    return back
+
+
+# --- rubrics ------------------------------------------------------------------------------------
 
 
 @login_required
@@ -464,7 +606,9 @@ def rubric_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
     version, membership = _rubric_version_for(request, pk, number)
     context = {
         "rubric": version.rubric,
+        "obj": version.rubric,
         "version": version,
+        **_pages_context(KIND_PAGES["rubric"]),
         "changes": selectors.rubric_version_changes(version=version),
         "can_edit": _can_edit(membership),
         "try_form": forms.TrySampleForm(),
@@ -503,138 +647,18 @@ def rubric_version_try(request: HttpRequest, pk: int, number: int) -> HttpRespon
     return render(request, "registry/rubric_version.html", context)
 
 
-@login_required
-@require_POST
-def rubric_version_publish(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    version, _ = _rubric_version_for(request, pk, number, Role.RESEARCHER)
-    try:
-        services.rubric_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        messages.error(request, f"Not published: {conflict}.")
-        return redirect("registry:rubric_version", pk=pk, number=number)
-    except ValidationError as error:
-        messages.error(request, "Not published: " + "; ".join(error.messages))
-        return redirect("registry:rubric_version", pk=pk, number=number)
-    messages.success(request, f"Version {number} published; it can no longer change.")
-    return redirect("registry:rubric_version", pk=pk, number=number)
-
-
 # --- sandbox images -----------------------------------------------------------------------------
 
 
 @login_required
 @require_GET
-def sandbox_image_list(request: HttpRequest) -> HttpResponse:
-    membership = require_active_membership(request)
-    query = _search_query(request)
-    page = _page(request, selectors.sandbox_image_list(team=membership.team, query=query))
-    context = {"page": page, "q": query, "can_edit": _can_edit(membership)}
-    if request.htmx:  # type: ignore[attr-defined]
-        return render(request, "registry/sandbox_image_list.html#results", context)
-    return render(request, "registry/sandbox_image_list.html", context)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def sandbox_image_create(request: HttpRequest) -> HttpResponse:
-    membership = require_active_membership(request, Role.RESEARCHER)
-    form = forms.SandboxImageCreateForm(request.POST or None, initial=services.SANDBOX_DEFAULTS)
-    context = {"form": form, "image": None}
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            image = services.sandbox_image_create(
-                actor=request.user,
-                team=membership.team,
-                slug=form.cleaned_data["slug"],
-                title=form.cleaned_data["title"],
-                description=form.cleaned_data["description"],
-                **form.version_values(),
-            )
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, f"Sandbox image {image.slug} created as draft version 1.")
-            return redirect("registry:sandbox_image_detail", pk=image.pk)
-    return _form_response(request, "registry/sandbox_image_form.html", context)
-
-
-@login_required
-@require_GET
-def sandbox_image_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    image, membership = _image_for(request, pk)
-    context = {
-        "image": image,
-        "versions": image.versions.all(),
-        "domains": image.domains.order_by("slug"),
-        "can_edit": _can_edit(membership),
-    }
-    return render(request, "registry/sandbox_image_detail.html", context)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def sandbox_image_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    image, _ = _image_for(request, pk, Role.RESEARCHER)
-    initial = {"slug": image.slug, "title": image.title, "description": image.description}
-    form = forms.SandboxImageMetaForm(request.POST or None, initial=initial)
-    context = {"form": form, "image": image, "meta_only": True}
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            services.sandbox_image_update(actor=request.user, image=image, **form.cleaned_data)
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, "Sandbox image saved.")
-            return redirect("registry:sandbox_image_detail", pk=image.pk)
-    return _form_response(request, "registry/sandbox_image_form.html", context)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def sandbox_image_draft(request: HttpRequest, pk: int) -> HttpResponse:
-    image, _ = _image_for(request, pk, Role.RESEARCHER)
-    base = selectors.sandbox_image_draft(image=image) or selectors.sandbox_image_latest(image=image)
-    initial = (
-        {name: getattr(base, name) for name in services.SANDBOX_VERSION_FIELDS}
-        if base
-        else services.SANDBOX_DEFAULTS
-    )
-    form = forms.SandboxVersionForm(request.POST or None, initial=initial)
-    context = {
-        "form": form,
-        "image": image,
-        "base": base,
-        "draft": base if base is not None and base.is_draft else None,
-    }
-    if request.method == "POST" and form.is_valid() and not _validating(request):
-        try:
-            version = services.sandbox_image_save_draft(
-                actor=request.user, image=image, **form.version_values()
-            )
-        except ValidationError as error:
-            _apply_service_errors(form, error)
-        else:
-            messages.success(request, f"Draft version {version.number} saved.")
-            return redirect("registry:sandbox_image_version", pk=image.pk, number=version.number)
-    return _form_response(request, "registry/sandbox_image_draft.html", context)
-
-
-@login_required
-@require_GET
 def sandbox_image_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    version, membership = _image_version_for(request, pk, number)
-    context = {"image": version.image, "version": version, "can_edit": _can_edit(membership)}
+    version, membership = _version_for(request, services.SANDBOX_IMAGE, pk, number)
+    context = {
+        "image": version.image,
+        "obj": version.image,
+        "version": version,
+        "can_edit": _can_edit(membership),
+        **_pages_context(KIND_PAGES["sandbox_image"]),
+    }
     return render(request, "registry/sandbox_image_version.html", context)
-
-
-@login_required
-@require_POST
-def sandbox_image_version_publish(request: HttpRequest, pk: int, number: int) -> HttpResponse:
-    version, _ = _image_version_for(request, pk, number, Role.RESEARCHER)
-    try:
-        services.sandbox_image_version_publish(actor=request.user, version=version)
-    except services.VersionConflict as conflict:
-        messages.error(request, f"Not published: {conflict}.")
-    else:
-        messages.success(request, f"Version {number} published; it can no longer change.")
-    return redirect("registry:sandbox_image_version", pk=pk, number=number)

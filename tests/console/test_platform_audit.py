@@ -147,3 +147,37 @@ def test_the_target_link_shows_everything_recorded_about_one_object(owner_client
         headers={"HX-Request": "true"},
     ).content.decode()
     assert "membership.first" in fragment and "membership.second" not in fragment
+
+
+# --- the page shows what changed, not whole objects ----------------------------------------------
+
+
+def test_the_log_shows_only_the_fields_that_changed(people, client):
+    unchanged = "unchanged text " * 400
+    membership = Membership.objects.get(user=people.owner)
+    with transaction.atomic():
+        audit_record(
+            actor=people.owner, team=people.team, action="thing.update", target=membership,
+            before={"title": "Old", "notes": unchanged, "limits": {"cpu": 1, "pids": 64}},
+            after={"title": "New", "notes": unchanged, "limits": {"cpu": 2, "pids": 64}},
+        )  # fmt: skip
+    client.force_login(people.owner)
+    content = client.get("/audit/").content.decode()
+    assert "unchanged text" not in content  # an unchanged field is not listed
+    assert "2 fields: <code>limits.cpu</code>, <code>title</code>" in content
+    assert '<td class="removed"><pre class="json">Old</pre>' in content
+    assert '<td class="added"><pre class="json">New</pre>' in content
+    assert "limits.pids" not in content
+
+
+def test_a_creation_lists_the_new_fields_and_long_values_are_cut(people, client):
+    membership = Membership.objects.get(user=people.owner)
+    with transaction.atomic():
+        audit_record(
+            actor=people.owner, team=people.team, action="thing.create", target=membership,
+            before=None, after={"source": "x" * 5000},
+        )  # fmt: skip
+    client.force_login(people.owner)
+    content = client.get("/audit/").content.decode()
+    assert "1 field: <code>source</code>" in content
+    assert "x" * 5000 not in content and "(5,000 characters)" in content

@@ -449,7 +449,10 @@ def test_keeping_the_valid_rows_through_the_page(owner_client: Client, registry:
     response = upload(owner_client, registry.domain, data, keep_valid_rows="on")
     assert response.status_code == 302
     page = owner_client.get(response["Location"]).content.decode()
-    assert "Stored 3 tasks (0 held out); 1 invalid row skipped." in page
+    assert (
+        "Stored 3 tasks as task set v2 (0 held out); 1 invalid row skipped; "
+        "v1, which it replaces, stays available." in page
+    )
 
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
@@ -607,3 +610,40 @@ def test_the_django_admin_shows_the_registry_to_staff(registry: Registry) -> Non
     assert page.status_code == 200 and "math-rubric v2" in page.content.decode()
     # Versions cannot be added or edited there: drafts change only through validated paths.
     assert client.get(reverse("admin:registry_rubricversion_add")).status_code == 403
+
+
+# --- the spec editors: one way of checking, never a stale "valid" -------------------------------
+
+
+def test_a_spec_whose_format_is_refused_is_not_called_valid(
+    owner_client: Client, registry: Registry
+) -> None:
+    url = reverse("registry:rubric_draft", args=[registry.rubric.pk])
+    data = {"source": VALID_SOURCE, "source_format": "toml", "_validate": "1"}
+    content = owner_client.post(url, data, **HTMX).content.decode()
+    assert "The spec is valid." not in content
+    assert "Not checked yet" in content
+
+
+@pytest.mark.parametrize("page", ["rubric_create", "rubric_draft"])
+def test_both_spec_editors_check_while_typing_and_mark_the_result_stale(
+    page: str, owner_client: Client, registry: Registry
+) -> None:
+    args = [] if page == "rubric_create" else [registry.rubric.pk]
+    content = owner_client.get(reverse(f"registry:{page}", args=args)).content.decode()
+    assert 'hx-trigger="input changed delay:400ms"' in content
+    assert 'hx-sync="closest form:replace"' in content  # the newest check wins
+    assert "data-check-status" in content and "forms.js" in content
+
+
+def test_checking_the_draft_answers_like_every_other_form(
+    owner_client: Client, registry: Registry
+) -> None:
+    url = reverse("registry:rubric_draft", args=[registry.rubric.pk])
+    data = {"source": "{", "source_format": "json", "_validate": "1"}
+    content = owner_client.post(url, data, **HTMX).content.decode()
+    # Only the error lists, swapped in by id: nothing the user is typing is replaced.
+    assert (
+        '<div id="spec-issues" aria-live="polite" data-check-status hx-swap-oob="true">' in content
+    )
+    assert "<textarea" not in content

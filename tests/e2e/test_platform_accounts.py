@@ -26,14 +26,14 @@ def test_a_token_made_in_the_browser_works_once_copied_and_the_audit_log_shows_i
     assert secret not in page.content()
 
     page.goto("/audit/")
-    row = page.locator("table.audit tbody tr", has_text="api_token.create")
+    row = page.locator("table.audit > tbody > tr", has_text="api_token.create")
     assert "nightly <eval> script" in row.inner_text()  # shown as text, not markup
     # Filtering by action swaps the table in place (htmx), without a full reload.
     page.evaluate("window.__same_document = true")
     page.get_by_label("Action").select_option("api_token.create")
     page.wait_for_url("**action=api_token.create**")
     assert page.evaluate("window.__same_document") is True
-    assert page.locator("table.audit tbody tr").count() == 1
+    assert page.locator("table.audit > tbody > tr").count() == 1
     screenshot(page, "platform-audit-log")
 
     page.goto("/accounts/members/")

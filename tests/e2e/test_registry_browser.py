@@ -60,7 +60,11 @@ def test_a_researcher_registers_an_image_a_rubric_and_a_domain(
     page.get_by_role("heading", name="Python in bubblewrap").wait_for()
     screenshot(page, "registry-sandbox-image-detail")
     page.get_by_role("link", name="v1").click()
-    page.get_by_role("button", name="Publish v1").click()
+    # Publishing asks first (it cannot be undone), in the page rather than a dialog.
+    page.get_by_text("Publish v1…").click()
+    page.get_by_text("freezes python-bwrap v1 for good").wait_for()
+    screenshot(page, "registry-sandbox-image-publish-confirm")
+    page.get_by_role("button", name="Yes, publish v1").click()
     page.locator(".messages li", has_text="Version 1 published").wait_for()
     screenshot(page, "registry-sandbox-image-version")
     page.get_by_role("link", name="Edit as a new draft").click()
@@ -83,8 +87,11 @@ def test_a_researcher_registers_an_image_a_rubric_and_a_domain(
     page.get_by_role("button", name="Create rubric (draft v1)").click()
     page.get_by_role("heading", name="Versions").wait_for()
     screenshot(page, "registry-rubric-detail")
+    # Published from the rubric's own page, which it returns to.
+    page.get_by_text("Publish v1…").click()
+    page.get_by_role("button", name="Yes, publish v1").click()
+    page.locator(".messages li", has_text="Version 1 published").wait_for()
     page.get_by_role("link", name="v1").click()
-    page.get_by_role("button", name="Publish v1").click()
     page.locator("#version-status", has_text="Published").wait_for()
     # Try the published version on a sample: scored in place (htmx), nothing stored.
     page.get_by_label("Completion").fill("So the answer is \\boxed{12}")
@@ -99,6 +106,16 @@ def test_a_researcher_registers_an_image_a_rubric_and_a_domain(
     page.get_by_label("Spec").fill(INVALID_SPEC)
     page.locator("#spec-issues code.path", has_text="criteria[0].weight").wait_for()
     screenshot(page, "registry-rubric-draft-editor")
+    # A valid spec that turns invalid while typing is never shown as valid: the verdict goes
+    # stale at the keystroke, and the new check reports the problem.
+    page.get_by_label("Spec").fill(VALID_SPEC)
+    page.get_by_text("The spec is valid.").wait_for()
+    page.get_by_label("Spec").press("End")
+    page.keyboard.type(",")
+    assert "valid" not in page.locator("#spec-issues").inner_text()
+    page.locator("#spec-issues .issues").wait_for()
+    assert "The spec is valid." not in page.locator("#spec-issues").inner_text()
+    screenshot(page, "registry-rubric-draft-editor-typing")
     page.goto("/rubrics/")
     screenshot(page, "registry-rubric-list")
 

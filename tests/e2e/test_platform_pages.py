@@ -1,0 +1,125 @@
+"""Every page a person lives in, at desktop and phone width: the same navigation everywhere,
+no page wider than the screen, a header that stays two short lines on a phone, and an audit log
+that shows changes rather than whole objects. Screenshots: test-artifacts/page-<name>-<width>.png.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from console.registry import services
+from tests.console.test_registry_factories import build_registry, jsonl, task_rows
+from tests.e2e.conftest import login, screenshot
+
+WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
+SECTIONS = [
+    "Registry",
+    "Domains",
+    "Rubrics",
+    "Sandbox images",
+    "Audit log",
+    "Status",
+    "Members",
+    "API tokens",
+    "API",
+]
+# The header on a phone: brand and who-am-I on one line, the navigation on the next.
+PHONE_HEADER_MAX_PX = 110
+# 30-odd audit entries used to make an 18,000 px page.
+AUDIT_PAGE_MAX_PX = 4_000
+
+
+def _pages(people: Any) -> dict[str, str]:
+    registry = build_registry(people)
+    services.domain_upload_tasks(
+        actor=people.owner,
+        domain=registry.domain,
+        stream=io.BytesIO(jsonl(task_rows(12, start=50))),
+        filename="second.jsonl",
+        held_out_fraction=0.25,
+        split_seed=1,
+    )
+    for n in range(12):  # enough history for the audit log to be long
+        services.rubric_update(
+            actor=people.owner,
+            rubric=registry.rubric,
+            slug=registry.rubric.slug,
+            title=f"Math rubric, take {n}",
+            description="Exact final answer.",
+        )
+    domain, rubric, image = registry.domain.pk, registry.rubric.pk, registry.image.pk
+    return {
+        "registry-home": "/",
+        "domain-list": "/domains/",
+        "domain-detail": f"/domains/{domain}/",
+        "domain-older-taskset": f"/domains/{domain}/?taskset=1",
+        "domain-upload": f"/domains/{domain}/upload/",
+        "rubric-list": "/rubrics/",
+        "rubric-detail": f"/rubrics/{rubric}/",
+        "rubric-version": f"/rubrics/{rubric}/versions/2/",
+        "rubric-draft": f"/rubrics/{rubric}/draft/",
+        "sandbox-image-list": "/sandbox-images/",
+        "sandbox-image-detail": f"/sandbox-images/{image}/",
+        "sandbox-image-version": f"/sandbox-images/{image}/versions/1/",
+        "sandbox-image-draft": f"/sandbox-images/{image}/draft/",
+        "audit-log": "/audit/",
+        "status": "/status/",
+        "tokens": "/accounts/tokens/",
+        "members": "/accounts/members/",
+    }
+
+
+def test_every_page_at_desktop_and_phone_width(
+    page: Any, people: Any, live_server_url: str
+) -> None:
+    pages = _pages(people)
+    login(page, people.teammate_admin)
+    problems: list[str] = []
+    for width_name, viewport in WIDTHS.items():
+        page.set_viewport_size(viewport)
+        for name, url in pages.items():
+            page.goto(url)
+            page.locator("nav.mainnav").wait_for()
+            nav = [text.strip() for text in page.locator("nav.mainnav a").all_inner_texts()]
+            if nav != SECTIONS:
+                problems.append(f"{name} {width_name}: navigation {nav}")
+            overflow = page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
+            if overflow > 1:
+                problems.append(f"{name} {width_name}: {overflow} px wider than the screen")
+            header = page.locator("header.topbar").bounding_box()
+            if width_name == "phone" and header["height"] > PHONE_HEADER_MAX_PX:
+                problems.append(f"{name} phone: header {header['height']} px tall")
+            if name == "audit-log":
+                height = page.evaluate("document.documentElement.scrollHeight")
+                if height > AUDIT_PAGE_MAX_PX:
+                    problems.append(f"audit log {width_name}: {height} px tall")
+            screenshot(page, f"page-{name}-{width_name}")
+        # Publishing from the object's page: the confirmation opens in the page, on screen.
+        page.goto(pages["rubric-detail"])
+        page.get_by_text("Publish v2…").click()
+        page.get_by_role("button", name="Yes, publish v2").wait_for()
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        if overflow > 1:
+            problems.append(f"publish confirmation {width_name}: {overflow} px too wide")
+        screenshot(page, f"page-rubric-detail-publish-{width_name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_an_audit_entry_opens_to_the_fields_it_changed(
+    page: Any, people: Any, live_server_url: str
+) -> None:
+    _pages(people)
+    login(page, people.owner)
+    page.goto("/audit/?action=rubric.update")
+    first = page.locator("table.audit > tbody > tr").first
+    first.get_by_text("2 fields").click()
+    diff = first.locator("table.diff")
+    diff.wait_for()
+    assert "Math rubric, take 10" in diff.inner_text()
+    assert "Math rubric, take 11" in diff.inner_text()
+    screenshot(page, "page-audit-log-entry-open")
