@@ -348,10 +348,6 @@ def _runner_files(code: str) -> dict[str, str | bytes]:
     }
 
 
-def _python(script: str = "runner.py") -> list[str]:
-    return ["python3", "-I", "-X", "utf8", script]
-
-
 def judge_deadline(timeout_s: float) -> float:
     """The judge's own deadline: early enough to kill the candidate and sign its records
     inside the sandbox's timeout (a run killed from outside reports nothing)."""
@@ -404,13 +400,13 @@ def run_judge(
         "entry_point": entry,
         "wipe": wipe,
     }
-    result = run_in(
-        state.sandbox(),
-        fresh_dir(prefix),
+    result = state.run_python(
+        "boot.py",
+        ["runner.pyc", "runner.py", "judge"],
         _runner_files(code),
-        [*_python("boot.py"), "runner.pyc", "runner.py", "judge"],
         stdin=json.dumps(request),
         timeout=timeout_s,
+        prefix=prefix,
     )
     return JudgeRun(signed_records(result.stdout, key), result)
 
@@ -575,12 +571,12 @@ class Compiles(_SandboxedCriterion):
 
     def judge(self, sample: Sample, state: ScoringState) -> Outcome:
         code = candidate_code(sample, self.params)
-        result = run_in(
-            state.sandbox(),
-            fresh_dir("compiles"),
+        result = state.run_python(
+            "check.py",
+            [],
             {"solution.py": code, "check.py": self._CHECK},
-            _python("check.py"),
             timeout=self.context.timeout_s,
+            prefix="compiles",
         )
         # "compiled" on stdout AND exit 0: nothing of the candidate ran, so neither can lie.
         ok = result.ok and result.stdout.strip() == "compiled"
@@ -891,8 +887,6 @@ class IoTests(_SandboxedCriterion):
         code = candidate_code(sample, self.params)
         cases = self._cases(sample)
         per_case_timeout = max(0.5, self.context.timeout_s / len(cases))
-        directory = fresh_dir("io")
-        sandbox = state.sandbox()
         exact = bool(self.params.get("exact", False))
         results: list[dict[str, Any]] = []
         passed = 0
@@ -900,9 +894,17 @@ class IoTests(_SandboxedCriterion):
             if results and self.params.get("stop_on_failure") and not results[-1]["passed"]:
                 results.append({"case": index, "passed": False, "skipped": True})
                 continue
-            files = {"solution.py": code} if index == 0 else {}
-            run = run_in(sandbox, directory, files, ["python3", "-I", "solution.py"],
-                         stdin=stdin, timeout=per_case_timeout)  # fmt: skip
+            # Each case starts from the code as written: one case cannot leave a file (or
+            # rewrite solution.py) for the next.
+            run = state.run_python(
+                "solution.py",
+                [],
+                {"solution.py": code},
+                stdin=stdin,
+                timeout=per_case_timeout,
+                prefix="io",
+                utf8_mode=False,
+            )
             got = run.stdout
             ok = (
                 (got == expected)
