@@ -31,6 +31,14 @@ How the verdict is kept out of reach (`rewards/sandbox_scripts/runner.py` has th
   none is left, then writes its records, each signed with a per-run key (BLAKE2b) the
   candidate never saw, to a pipe no candidate process holds. The host keeps only records
   whose signature verifies. Whatever the candidate prints goes to stderr, unread.
+- On the default path (``sandbox.python_evaluations: "zygote"``, `rewards.sandboxing`) the
+  judge is a fresh fork of a zygote: a pre-imported Python, pid 1 of a long-lived sandbox,
+  that never ran sample code or saw a request. The judge then forks the server as above;
+  the record key is made on the host (``secrets``) for each run and arrives on the judge's
+  stdin after that fork, so it is neither in the zygote, nor in the server, nor derivable
+  from what runs share (the hash seed, the pid counter). The judge's ``kill(-1)`` spares
+  pid 1, the zygote; before the next run the zygote has every process of this one killed
+  (its cgroup), its files, /tmp and /dev/shm emptied and its SysV objects removed.
 - Stdin/stdout cases are compared on the host; the expected output never enters the sandbox.
 - Runtime: CPU time comes from the sandbox's cgroup (outside every process), the result is
   relayed by the judge, and after each measured run the judge empties /work and /tmp so a
