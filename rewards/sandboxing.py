@@ -186,7 +186,7 @@ class CodeSandboxes:
         with self._lock:
             if self._zygotes is None:
                 self._zygotes = ZygotePool(spec, self.max_active)
-            return self._zygotes
+            return None if self._zygotes.unavailable else self._zygotes
 
     def close(self) -> None:
         with self._lock:
@@ -198,16 +198,24 @@ class CodeSandboxes:
             pool.close()
 
 
+class ZygoteUnavailable(Exception):
+    """No zygote could be opened: the run takes the fresh-sandbox path."""
+
+
 class ZygotePool:
     """At most ``max_active`` zygotes of one spec, each lent to one run at a time.
 
     Opened when first needed and kept until `close`. One whose run failed in the sandbox
-    layer (its supervisor gone, say) is closed rather than lent again.
+    layer (its supervisor gone, say) is closed rather than lent again. When a zygote cannot
+    be opened at all (no delegated cgroup, which a zygote needs to tell runs apart and a
+    fresh sandbox can do without), ``unavailable`` says why and the rubric's Python runs take
+    the fresh-sandbox path from then on: slower, equally isolated.
     """
 
     def __init__(self, spec: SandboxSpec, max_active: int) -> None:
         self.spec = spec
         self.opened = 0
+        self.unavailable: str | None = None
         self._slots = threading.BoundedSemaphore(max_active)
         self._idle: list[PythonZygote] = []
         self._lock = threading.Lock()
@@ -223,7 +231,11 @@ class ZygotePool:
                     raise SandboxError("the rubric is closed")
                 zygote = self._idle.pop() if self._idle else None
             if zygote is None:
-                zygote = PythonZygote(self.spec, preload=ZYGOTE_PRELOAD).open()
+                try:
+                    zygote = PythonZygote(self.spec, preload=ZYGOTE_PRELOAD).open()
+                except SandboxError as exc:
+                    self.unavailable = str(exc)
+                    raise ZygoteUnavailable(str(exc)) from exc
                 with self._lock:
                     self.opened += 1
             usable = False
@@ -299,22 +311,26 @@ class ScoringState:
         sandbox, in a fresh directory named after ``prefix`` (there with ``-X utf8`` unless
         ``utf8_mode`` is false)."""
         zygotes = self._sandboxes.zygotes() if self._sandboxes is not None else None
-        if zygotes is None:
-            flags = ["-X", "utf8"] if utf8_mode else []
-            argv = ["python3", "-I", *flags, script, *args]
-            return run_in(self.sandbox(), fresh_dir(prefix), files, argv, stdin=stdin,
-                          timeout=timeout)  # fmt: skip
-        from sandboxes import SandboxError
+        if zygotes is not None:
+            from sandboxes import SandboxError
 
-        try:
-            with zygotes.lend() as zygote:
-                self._zygote = zygote
-                try:
-                    return zygote.evaluate(script, *args, files=files, stdin=stdin, timeout=timeout)
-                finally:
-                    self._zygote = None
-        except SandboxError as exc:
-            raise CriterionError(f"sandbox failure: {exc}") from exc
+            try:
+                with zygotes.lend() as zygote:
+                    self._zygote = zygote
+                    try:
+                        return zygote.evaluate(
+                            script, *args, files=files, stdin=stdin, timeout=timeout
+                        )
+                    finally:
+                        self._zygote = None
+            except ZygoteUnavailable:
+                pass  # nothing ran: the fresh-sandbox path below
+            except SandboxError as exc:
+                raise CriterionError(f"sandbox failure: {exc}") from exc
+        flags = ["-X", "utf8"] if utf8_mode else []
+        argv = ["python3", "-I", *flags, script, *args]
+        return run_in(self.sandbox(), fresh_dir(prefix), files, argv, stdin=stdin,
+                      timeout=timeout)  # fmt: skip
 
     def close(self) -> None:
         with self._lock:

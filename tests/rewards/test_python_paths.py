@@ -197,3 +197,17 @@ def test_every_python_criterion_gives_the_same_scores_on_both_paths(path):
     assert right.breakdown == {"tests": 1.0, "compiles": 1.0, "coverage": 1.0, "function": 1.0}
     assert wrong.breakdown == {"tests": 0.0, "compiles": 1.0, "coverage": 0.0, "function": 0.0}
     assert broken.breakdown["tests"] == broken.breakdown["compiles"] == 0.0
+
+
+def test_without_a_zygote_python_runs_take_the_fresh_sandbox_path(monkeypatch):
+    from sandboxes import PythonZygote, SandboxError
+
+    def refuse(self: PythonZygote) -> PythonZygote:
+        raise SandboxError("a supervisor needs the sandbox's cgroup")
+
+    monkeypatch.setattr(PythonZygote, "open", refuse)
+    with unit_tests_rubric("zygote") as rubric:
+        results = [rubric.score(sample(code(text), ASSERTS)) for text in (HONEST, SPY)]
+        assert [r.total for r in results] == [1.0, 1.0], results[0].details
+        assert rubric._sandboxes is not None  # noqa: SLF001
+        assert rubric._sandboxes.zygotes() is None  # noqa: SLF001
