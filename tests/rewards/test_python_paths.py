@@ -211,3 +211,22 @@ def test_without_a_zygote_python_runs_take_the_fresh_sandbox_path(monkeypatch):
         assert [r.total for r in results] == [1.0, 1.0], results[0].details
         assert rubric._sandboxes is not None  # noqa: SLF001
         assert rubric._sandboxes.zygotes() is None  # noqa: SLF001
+
+
+@pytest.mark.slow
+def test_a_sample_that_exhausts_the_sandbox_leaves_the_next_a_working_zygote():
+    exhausts = {
+        "processes": "import os\nwhile True:\n    try:\n        os.fork()\n"
+        "    except OSError:\n        pass\n",
+        "memory": "x = []\nwhile True:\n    x.append(bytearray(10**7))\n",
+        "disk": "i = 0\nwhile True:\n    open(f'/work/f{i}', 'wb').write(b'x' * 10**6)\n"
+        "    i += 1\n",
+        "/tmp": "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 10**6)\n"
+        "    i += 1\n",
+    }
+    with unit_tests_rubric("zygote") as rubric:
+        for what, text in exhausts.items():
+            assert rubric.score(sample(code(text + HONEST), ASSERTS)).total == 0.0, what
+            after = rubric.score(sample(code(SPY), ASSERTS))
+            assert after.total == 1.0, (what, after.details)
+        assert zygotes_opened(rubric) == 1
