@@ -4,7 +4,7 @@ All code criteria of a rubric that score the same sample share that sample's san
 sample pays for one sandbox, not one per criterion); each criterion works in its own fresh,
 randomly named directory and runs Python with ``-I`` (no current directory or environment on
 ``sys.path``), and the sandbox kills every process at the end of each run, so what one
-criterion's run leaves behind cannot steer the next. Samples never share a sandbox.
+criterion's run leaves behind cannot steer the next. Samples never share such a sandbox.
 
 Python-only runs (the judge of ``unit_tests``/``coverage``/``runtime_efficiency``, ``io_tests``
 programs, ``compiles``, ``sandboxed_function``) go by default through a `PythonZygote`
@@ -23,7 +23,8 @@ What runs do share is documented on `PythonZygote`: the string-hash seed (set or
 judge keys nothing on it), the pid counter (a run can tell how many processes earlier runs
 started: a narrow channel that carries no test, expected value or key) and timing. Runs
 there do not get ``-X utf8`` (the locale is C.UTF-8, so files and pipes are UTF-8 anyway).
-``"fresh_sandbox"`` keeps the former path: a sandbox per sample, a new interpreter per run.
+Zygotes do serve many samples, one run at a time. ``"fresh_sandbox"`` keeps the former path:
+a sandbox per sample, a new interpreter per run.
 Tools that are not Python (ruff) always run in the sample's own sandbox.
 
 The tools the criteria run inside (coverage.py, ruff) come from a sandbox image built from
