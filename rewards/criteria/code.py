@@ -455,6 +455,7 @@ def exec_summary(result: Any) -> dict[str, Any]:
         "timed_out": result.timed_out,
         "oom_killed": result.oom_killed,
         "wall_s": round(result.wall_s, 4),
+        "cpu_s": None if result.cpu_s is None else round(result.cpu_s, 5),
         "stderr": tail(result.stderr, 1500),
     }
 
