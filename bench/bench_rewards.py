@@ -1,15 +1,17 @@
 """Rewards throughput, each figure next to a baseline measured in the same run.
 
-1. Unit-test rubric on MBPP-style samples (a function plus three asserts), every sample in its
-   own sandbox: evaluations per second, next to the sandbox's own bare-run rate (fresh
-   sandbox, ``python3 -c pass``, same concurrency) — the ceiling any sandboxed criterion
-   can reach here. The same tasks again as HumanEval ``check(candidate)`` suites. Each
-   evaluation is one sandbox run holding two processes (the judge and the candidate).
+1. Unit-test rubric on MBPP-style samples (a function plus three asserts), through the rubric
+   API (``score_batch``): evaluations per second on the default zygote path (each evaluation
+   a fork of a pre-imported Python in a long-lived sandbox) and on the fresh-sandbox path
+   (every sample in its own sandbox), next to the sandbox's own bare-run rate (fresh
+   sandbox, ``python3 -c pass``, same concurrency) — the ceiling of the fresh path. The same
+   tasks again as HumanEval ``check(candidate)`` suites. Each evaluation holds two processes
+   (the judge and the candidate).
 2. Answer and numeric criteria (math_equivalence + numeric_match on GSM8K-style responses):
    evaluations per second of CPU time and of wall time, next to a minimal hand-written
    checker (last number == gold) over the same responses.
 
-    .venv/bin/python bench/bench_rewards.py [--code-samples 200] [--workers 4]
+    .venv/bin/python bench/bench_rewards.py [--code-samples 200] [--workers 4] [--code-only]
 """
 
 from __future__ import annotations
@@ -94,19 +96,33 @@ def bench_code(count: int, workers: int) -> None:
     bare_rate = count / bare_s
     print(f"unit-test rubric, {count} MBPP-style samples (3 asserts each), {workers} at once")
     print(f"  sandbox bare run (fresh sandbox, python3 -c pass): {bare_rate:7.1f} /s")
-    for prewarm, humaneval in ((0, False), (workers, False), (0, True)):
+    runs = [
+        ("zygote", 0, False),
+        ("zygote", 0, True),
+        ("fresh_sandbox", 0, False),
+        ("fresh_sandbox", workers, False),
+        ("fresh_sandbox", 0, True),
+    ]
+    for path, prewarm, humaneval in runs:
         samples = mbpp_samples(count, humaneval)
         rubric_spec = {
             "version": 1,
             "criteria": [{"name": "tests", "kind": "unit_tests"}],
             "sandbox": {"memory_mb": 256, "timeout_s": 10, "max_concurrency": workers,
-                        "prewarm": prewarm},
+                        "prewarm": prewarm, "python_evaluations": path},
         }  # fmt: skip
+        host_cpu = time.process_time()
         with Rubric.from_spec(rubric_spec) as rubric:
             rubric.score(samples[0])  # warm
             started = time.perf_counter()
             scored = rubric.score_batch(samples, max_workers=workers)
             rubric_s = time.perf_counter() - started
+        # The host process (rubric, threads, sandbox bookkeeping; the warm-up and the sandboxes'
+        # starts included) and, per run, the CPU of the run's own cgroup inside the sandbox
+        # (bwrap's setup included on the fresh path; namespace teardown is counted nowhere).
+        host_ms = (time.process_time() - host_cpu) / (count + 1) * 1000
+        inside = [r.details["tests"]["run"]["cpu_s"] for r in scored]
+        inside_ms = sum(inside) / len(inside) * 1000 if None not in inside else float("nan")
         errors = [
             r.details["tests"].get("error") for r in scored if r.details["tests"].get("error")
         ]
@@ -114,8 +130,11 @@ def bench_code(count: int, workers: int) -> None:
         mean = sum(r.total for r in scored) / len(scored)
         rate = count / rubric_s
         shape = "check(candidate)" if humaneval else "asserts"
-        print(f"  unit_tests criterion, {shape}, prewarm={prewarm}: {rate:7.1f} evals/s"
-              f"  = {rate / bare_rate:.2f}x the bare rate; mean reward {mean:.2f}")  # fmt: skip
+        how = "zygote" if path == "zygote" else f"fresh sandbox each, prewarm={prewarm}"
+        print(f"  unit_tests, {shape}, {how}: {rate:7.1f} evals/s"
+              f"  = {rate / bare_rate:.2f}x the bare rate; mean reward {mean:.2f};"
+              f" CPU per evaluation {host_ms:.1f} ms host + {inside_ms:.1f} ms in the"
+              " sandbox")  # fmt: skip
 
 
 def gsm8k_samples(count: int) -> list[Sample]:
@@ -175,13 +194,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--code-samples", type=int, default=200)
     parser.add_argument("--answer-samples", type=int, default=20000)
+    parser.add_argument("--code-only", action="store_true", help="skip the answer criteria")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
     load = os.getloadavg()
     print(
         f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
-    bench_answers(args.answer_samples)
+    if not args.code_only:
+        bench_answers(args.answer_samples)
     bench_code(args.code_samples, args.workers)
     return 0
 

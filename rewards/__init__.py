@@ -33,7 +33,10 @@ A rubric is a JSON object (the console stores it; `validate_spec` is the only sc
 ``clip`` ``[low, high]`` bounds the total, applied last. ``sandbox`` sets the limits of the
 sandboxes code criteria run in (``memory_mb``, ``cpu``, ``pids``, ``timeout_s``, ``network``,
 ``image``, ``driver``, ``allow_weaker``), how many run at once (``max_concurrency``, default the
-CPU count) and how many the pool keeps created ahead (``prewarm``, default 0).
+CPU count), how many the pool keeps created ahead (``prewarm``, default 0) and how Python-only
+runs go (``python_evaluations``: ``"zygote"``, the default, forks a pre-imported Python in
+one of ``max_concurrency`` long-lived sandboxes per run; ``"fresh_sandbox"`` starts a new
+interpreter in a new sandbox per sample; `rewards.sandboxing` says what each isolates).
 
 Kinds (``python -m rewards kinds``; each documents its params in `criterion_kinds()`):
 answers ``exact_match``, ``regex_match``, ``multiple_choice``, ``math_equivalence``;

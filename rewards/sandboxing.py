@@ -4,7 +4,28 @@ All code criteria of a rubric that score the same sample share that sample's san
 sample pays for one sandbox, not one per criterion); each criterion works in its own fresh,
 randomly named directory and runs Python with ``-I`` (no current directory or environment on
 ``sys.path``), and the sandbox kills every process at the end of each run, so what one
-criterion's run leaves behind cannot steer the next. Samples never share a sandbox.
+criterion's run leaves behind cannot steer the next. Samples never share such a sandbox.
+
+Python-only runs (the judge of ``unit_tests``/``coverage``/``runtime_efficiency``, ``io_tests``
+programs, ``compiles``, ``sandboxed_function``) go by default through a `PythonZygote`
+(``sandbox.python_evaluations: "zygote"``): a few sandboxes per rubric, each holding a Python
+that imported the common modules once and forks one child per run, which then runs the
+script as ``python3 -I`` would. A run costs a fork instead of a new sandbox and a new
+interpreter (several times the throughput). What one run can leave for the next is what it
+could leave for a later run of the same sample on the fresh path, and less: the zygote
+empties /work, /tmp and /dev/shm before each run, kills every process the run started
+(through the run's own cgroup), removes its SysV IPC objects, and each run is a fresh fork of
+a zygote that never ran sample code or saw a request (so a run that corrupts its interpreter
+corrupts only its own copy). The judge is that forked child: it forks the candidate server
+before reading its request (the record key comes from the host's ``secrets``, on stdin, after
+the fork), and its end-of-run ``kill(-1)`` spares the zygote, which is the sandbox's pid 1.
+What runs do share is documented on `PythonZygote`: the string-hash seed (set order; the
+judge keys nothing on it), the pid counter (a run can tell how many processes earlier runs
+started: a narrow channel that carries no test, expected value or key) and timing. Runs
+there do not get ``-X utf8`` (the locale is C.UTF-8, so files and pipes are UTF-8 anyway).
+Zygotes do serve many samples, one run at a time. ``"fresh_sandbox"`` keeps the former path:
+a sandbox per sample, a new interpreter per run.
+Tools that are not Python (ruff) always run in the sample's own sandbox.
 
 The tools the criteria run inside (coverage.py, ruff) come from a sandbox image built from
 this environment's own installed copies: coverage's package directory is copied to
@@ -26,11 +47,40 @@ from typing import TYPE_CHECKING, Any
 from rewards.types import CriterionError
 
 if TYPE_CHECKING:
-    from sandboxes import ExecResult, Sandbox, SandboxPool, SandboxSpec
+    from collections.abc import Iterator
+
+    from sandboxes import ExecResult, PythonZygote, Sandbox, SandboxPool, SandboxSpec
 
 IMAGE_SITE = "/image/site"
 IMAGE_RUFF = "/image/bin/ruff"
 TOOLS_IMAGE_NAME = "rewards-code-tools"
+PYTHON_EVALUATIONS = ("zygote", "fresh_sandbox")
+#: What the judge, the candidate server and short programs import, loaded once per zygote.
+ZYGOTE_PRELOAD = (
+    "_blake2",
+    "_ctypes",
+    "_json",
+    "bisect",
+    "collections",
+    "copy",
+    "dataclasses",
+    "fractions",
+    "functools",
+    "heapq",
+    "inspect",
+    "itertools",
+    "json",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "string",
+    "time",
+    "traceback",
+    "types",
+    "typing",
+    "unittest",
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,7 +126,11 @@ class CodeSandboxes:
         self.settings = dict(settings)
         self.needs_tools = needs_tools
         self.max_active = int(settings.get("max_concurrency", os.cpu_count() or 1))
+        self.python_evaluations = str(settings.get("python_evaluations", "zygote"))
+        if self.python_evaluations not in PYTHON_EVALUATIONS:
+            raise CriterionError(f"python_evaluations must be one of {PYTHON_EVALUATIONS}")
         self._pool: SandboxPool | None = None
+        self._zygotes: ZygotePool | None = None
         self._spec: SandboxSpec | None = None
         self._lock = threading.Lock()
 
@@ -123,11 +177,86 @@ class CodeSandboxes:
                 )
             return self._pool
 
+    def zygotes(self) -> ZygotePool | None:
+        """The rubric's zygotes, or None where Python runs take the fresh-sandbox path."""
+        if self.python_evaluations != "zygote":
+            return None
+        spec = self.spec()
+        if spec.driver != "bwrap":
+            return None
+        with self._lock:
+            if self._zygotes is None:
+                self._zygotes = ZygotePool(spec, self.max_active)
+            return None if self._zygotes.unavailable else self._zygotes
+
     def close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
+            zygotes, self._zygotes = self._zygotes, None
+        if zygotes is not None:
+            zygotes.close()
         if pool is not None:
             pool.close()
+
+
+class ZygoteUnavailable(Exception):
+    """No zygote could be opened: the run takes the fresh-sandbox path."""
+
+
+class ZygotePool:
+    """At most ``max_active`` zygotes of one spec, each lent to one run at a time.
+
+    Opened when first needed and kept until `close`. One whose run failed in the sandbox
+    layer (its supervisor gone, say) is closed rather than lent again. When a zygote cannot
+    be opened at all (no delegated cgroup, which a zygote needs to tell runs apart and a
+    fresh sandbox can do without), ``unavailable`` says why and the rubric's Python runs take
+    the fresh-sandbox path from then on: slower, equally isolated.
+    """
+
+    def __init__(self, spec: SandboxSpec, max_active: int) -> None:
+        self.spec = spec
+        self.opened = 0
+        self.unavailable: str | None = None
+        self._slots = threading.BoundedSemaphore(max_active)
+        self._idle: list[PythonZygote] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[PythonZygote]:
+        from sandboxes import PythonZygote, SandboxError
+
+        with self._slots:
+            with self._lock:
+                if self._closed:
+                    raise SandboxError("the rubric is closed")
+                zygote = self._idle.pop() if self._idle else None
+            if zygote is None:
+                try:
+                    zygote = PythonZygote(self.spec, preload=ZYGOTE_PRELOAD).open()
+                except SandboxError as exc:
+                    self.unavailable = str(exc)
+                    raise ZygoteUnavailable(str(exc)) from exc
+                with self._lock:
+                    self.opened += 1
+            usable = False
+            try:
+                yield zygote
+                usable = True
+            finally:
+                with self._lock:
+                    usable = usable and not self._closed
+                    if usable:
+                        self._idle.append(zygote)
+                if not usable:
+                    zygote.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for zygote in idle:
+            zygote.close()
 
 
 class ScoringState:
@@ -138,6 +267,7 @@ class ScoringState:
         self._sandboxes = sandboxes
         self._stack: contextlib.ExitStack | None = None
         self._sandbox: Sandbox | None = None
+        self._zygote: PythonZygote | None = None  # the one running this sample's code now
         # Only rubrics with sandboxed criteria need a lock (their criteria may overrun on
         # another thread); the others score on the hot path, where every microsecond counts.
         self._lock = threading.Lock() if sandboxes is not None else contextlib.nullcontext()
@@ -160,10 +290,48 @@ class ScoringState:
 
     def kill_running(self) -> None:
         """Stops whatever the sandbox runs now (a criterion overran its deadline)."""
-        sandbox = self._sandbox
-        if sandbox is not None:
-            with contextlib.suppress(Exception):
-                sandbox.kill()
+        sandbox, zygote = self._sandbox, self._zygote
+        for running in (sandbox, zygote):
+            if running is not None:
+                with contextlib.suppress(Exception):
+                    running.kill()
+
+    def run_python(
+        self,
+        script: str,
+        args: list[str],
+        files: dict[str, str | bytes],
+        *,
+        stdin: str | None = None,
+        timeout: float,
+        prefix: str,
+        utf8_mode: bool = True,
+    ) -> ExecResult:
+        """Runs ``python3 -I script *args`` with ``files`` beside it, in a zygote's fresh
+        fork or (``python_evaluations: "fresh_sandbox"``) a new interpreter in this sample's
+        sandbox, in a fresh directory named after ``prefix`` (there with ``-X utf8`` unless
+        ``utf8_mode`` is false)."""
+        zygotes = self._sandboxes.zygotes() if self._sandboxes is not None else None
+        if zygotes is not None:
+            from sandboxes import SandboxError
+
+            try:
+                with zygotes.lend() as zygote:
+                    self._zygote = zygote
+                    try:
+                        return zygote.evaluate(
+                            script, *args, files=files, stdin=stdin, timeout=timeout
+                        )
+                    finally:
+                        self._zygote = None
+            except ZygoteUnavailable:
+                pass  # nothing ran: the fresh-sandbox path below
+            except SandboxError as exc:
+                raise CriterionError(f"sandbox failure: {exc}") from exc
+        flags = ["-X", "utf8"] if utf8_mode else []
+        argv = ["python3", "-I", *flags, script, *args]
+        return run_in(self.sandbox(), fresh_dir(prefix), files, argv, stdin=stdin,
+                      timeout=timeout)  # fmt: skip
 
     def close(self) -> None:
         with self._lock:

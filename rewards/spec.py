@@ -103,6 +103,13 @@ RUBRIC_SCHEMA: dict[str, Any] = {
                 "network": {"type": "string", "enum": ["none", "loopback"]},
                 "max_concurrency": {"type": "integer", "minimum": 1, "maximum": 256},
                 "prewarm": {"type": "integer", "minimum": 0, "maximum": 256},
+                "python_evaluations": {
+                    "type": "string",
+                    "enum": ["zygote", "fresh_sandbox"],
+                    "description": "how Python-only code runs: forks of a pre-imported Python "
+                    "in a long-lived sandbox (default, faster) or a new interpreter in a new "
+                    "sandbox per sample",
+                },
                 "allow_weaker": {
                     "anyOf": [
                         {"type": "boolean"},

@@ -426,8 +426,11 @@ class BwrapDriver:
         if self.image_path is not None:
             mode = "--bind" if self.writable_image else "--ro-bind"
             args += [mode, str(self.image_path), IMAGE_DIR]
-        # bwrap's root is a tmpfs it made: freeze it, so only /work, /tmp and /dev/shm take writes.
-        args += ["--remount-ro", "/"]
+        # bwrap's root and /dev are tmpfs it made: freeze both, so only /work, /tmp and /dev/shm
+        # take writes. (A writable /dev would outlive runs: files a zygote's evaluation left
+        # there would reach the next, which the clearing of /work, /tmp and /dev/shm misses.)
+        # Device nodes stay writable: they are bind mounts of their own.
+        args += ["--remount-ro", "/dev", "--remount-ro", "/"]
         return args
 
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:

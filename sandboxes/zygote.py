@@ -25,9 +25,14 @@ affect the next one. What they do share: the preloaded modules as they were impo
 interpreter's string-hash seed (set iteration order repeats across evaluations; ``random``
 is reseeded in each child), the namespaces themselves (so pid numbers go on counting: an
 evaluation can tell how many processes the ones before it started, a narrow channel that a
-fresh sandbox per sample does not have) and the machine's timing. Nothing of a judge belongs
-in a zygote: hand it the candidate and a call-side harness only, and compare what it prints on
-the host.
+fresh sandbox per sample does not have) and the machine's timing. Nothing secret belongs in
+the zygote itself (its preload or spec files): it is shared by every evaluation. A judge may
+be the evaluation, as long as its secrets reach it only at run time and after it has
+separated from the untrusted code: `rewards` runs its judge as the forked child, which makes
+itself non-dumpable, forks the candidate's process and only then reads its key and tests
+from stdin; its closing ``kill(-1)`` spares the zygote (the pid namespace's init, pid 1).
+Otherwise hand a zygote the candidate and a call-side harness only, and compare what it
+prints on the host.
 Run several zygotes for several cores (each evaluation is single-file, one core).
 """
 

@@ -31,6 +31,14 @@ How the verdict is kept out of reach (`rewards/sandbox_scripts/runner.py` has th
   none is left, then writes its records, each signed with a per-run key (BLAKE2b) the
   candidate never saw, to a pipe no candidate process holds. The host keeps only records
   whose signature verifies. Whatever the candidate prints goes to stderr, unread.
+- On the default path (``sandbox.python_evaluations: "zygote"``, `rewards.sandboxing`) the
+  judge is a fresh fork of a zygote: a pre-imported Python, pid 1 of a long-lived sandbox,
+  that never ran sample code or saw a request. The judge then forks the server as above;
+  the record key is made on the host (``secrets``) for each run and arrives on the judge's
+  stdin after that fork, so it is neither in the zygote, nor in the server, nor derivable
+  from what runs share (the hash seed, the pid counter). The judge's ``kill(-1)`` spares
+  pid 1, the zygote; before the next run the zygote has every process of this one killed
+  (its cgroup), its files, /tmp and /dev/shm emptied and its SysV objects removed.
 - Stdin/stdout cases are compared on the host; the expected output never enters the sandbox.
 - Runtime: CPU time comes from the sandbox's cgroup (outside every process), the result is
   relayed by the judge, and after each measured run the judge empties /work and /tmp so a
@@ -348,10 +356,6 @@ def _runner_files(code: str) -> dict[str, str | bytes]:
     }
 
 
-def _python(script: str = "runner.py") -> list[str]:
-    return ["python3", "-I", "-X", "utf8", script]
-
-
 def judge_deadline(timeout_s: float) -> float:
     """The judge's own deadline: early enough to kill the candidate and sign its records
     inside the sandbox's timeout (a run killed from outside reports nothing)."""
@@ -404,13 +408,13 @@ def run_judge(
         "entry_point": entry,
         "wipe": wipe,
     }
-    result = run_in(
-        state.sandbox(),
-        fresh_dir(prefix),
+    result = state.run_python(
+        "boot.py",
+        ["runner.pyc", "runner.py", "judge"],
         _runner_files(code),
-        [*_python("boot.py"), "runner.pyc", "runner.py", "judge"],
         stdin=json.dumps(request),
         timeout=timeout_s,
+        prefix=prefix,
     )
     return JudgeRun(signed_records(result.stdout, key), result)
 
@@ -451,6 +455,7 @@ def exec_summary(result: Any) -> dict[str, Any]:
         "timed_out": result.timed_out,
         "oom_killed": result.oom_killed,
         "wall_s": round(result.wall_s, 4),
+        "cpu_s": None if result.cpu_s is None else round(result.cpu_s, 5),
         "stderr": tail(result.stderr, 1500),
     }
 
@@ -575,12 +580,12 @@ class Compiles(_SandboxedCriterion):
 
     def judge(self, sample: Sample, state: ScoringState) -> Outcome:
         code = candidate_code(sample, self.params)
-        result = run_in(
-            state.sandbox(),
-            fresh_dir("compiles"),
+        result = state.run_python(
+            "check.py",
+            [],
             {"solution.py": code, "check.py": self._CHECK},
-            _python("check.py"),
             timeout=self.context.timeout_s,
+            prefix="compiles",
         )
         # "compiled" on stdout AND exit 0: nothing of the candidate ran, so neither can lie.
         ok = result.ok and result.stdout.strip() == "compiled"
@@ -891,8 +896,6 @@ class IoTests(_SandboxedCriterion):
         code = candidate_code(sample, self.params)
         cases = self._cases(sample)
         per_case_timeout = max(0.5, self.context.timeout_s / len(cases))
-        directory = fresh_dir("io")
-        sandbox = state.sandbox()
         exact = bool(self.params.get("exact", False))
         results: list[dict[str, Any]] = []
         passed = 0
@@ -900,9 +903,17 @@ class IoTests(_SandboxedCriterion):
             if results and self.params.get("stop_on_failure") and not results[-1]["passed"]:
                 results.append({"case": index, "passed": False, "skipped": True})
                 continue
-            files = {"solution.py": code} if index == 0 else {}
-            run = run_in(sandbox, directory, files, ["python3", "-I", "solution.py"],
-                         stdin=stdin, timeout=per_case_timeout)  # fmt: skip
+            # Each case starts from the code as written: one case cannot leave a file (or
+            # rewrite solution.py) for the next.
+            run = state.run_python(
+                "solution.py",
+                [],
+                {"solution.py": code},
+                stdin=stdin,
+                timeout=per_case_timeout,
+                prefix="io",
+                utf8_mode=False,
+            )
             got = run.stdout
             ok = (
                 (got == expected)

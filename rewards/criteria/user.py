@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from rewards.criteria.code import literal_request, parse_records
 from rewards.registry import Criterion, ParamProblem, ParamsError, register
 from rewards.sandbox_scripts import BOOT, script_bytecode, script_text
-from rewards.sandboxing import ScoringState, fresh_dir, run_in, tail
+from rewards.sandboxing import ScoringState, tail
 from rewards.types import CriterionError, Outcome, Sample
 
 _DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*([:.][A-Za-z_][A-Za-z0-9_]*)$"
@@ -239,18 +239,18 @@ class SandboxedFunction(Criterion):
             "function": self.params.get("function", "compute_score"),
             "sample": payload,
         }
-        result = run_in(
-            state.sandbox(),
-            fresh_dir("function"),
+        result = state.run_python(
+            "boot.py",
+            ["runner.pyc", "runner.py"],
             {
                 "user_reward.py": self.params["code"],
                 "runner.py": script_text("runner.py"),
                 "runner.pyc": script_bytecode("runner.py"),
                 "boot.py": BOOT,
             },
-            ["python3", "-I", "-X", "utf8", "boot.py", "runner.pyc", "runner.py"],
             stdin=literal_request(request),
             timeout=self.context.timeout_s,
+            prefix="function",
         )
 
         records = parse_records(result.stdout)

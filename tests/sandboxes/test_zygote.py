@@ -74,6 +74,34 @@ def test_no_evaluation_sees_the_files_processes_or_memory_of_another():
     assert_nothing_left(zygote.name)
 
 
+def test_only_work_tmp_and_dev_shm_take_writes_so_nothing_else_outlives_an_evaluation():
+    # /dev is a tmpfs of bwrap's own: were it writable, a file there would reach the next
+    # evaluation (only /work, /tmp and /dev/shm are emptied between evaluations).
+    probe = textwrap.dedent(
+        """
+        import os
+        writable = []
+        for root, dirs, _ in os.walk('/'):
+            if root.startswith(('/proc', '/sys')):
+                dirs[:] = []
+                continue
+            try:
+                open(os.path.join(root, '.probe'), 'w').close()
+            except OSError:
+                continue
+            os.unlink(os.path.join(root, '.probe'))
+            if not root.startswith(('/work/', '/tmp/')):
+                writable.append(root)
+        with open('/dev/null', 'w') as null:
+            null.write('device nodes still take writes')
+        print(sorted(writable))
+        """
+    )
+    with PythonZygote(SandboxSpec()) as zygote:
+        result = zygote.evaluate("probe.py", files={"probe.py": probe})
+    assert result.stdout == "['/dev/shm', '/tmp', '/work']\n", result
+
+
 def test_limits_apply_to_each_evaluation_and_the_zygote_survives_them():
     with PythonZygote(SandboxSpec(memory_mb=48, timeout_s=5)) as zygote:
         oom = zygote.evaluate("m.py", files={"m.py": "x = bytearray(200 * 2**20)"})
