@@ -19,6 +19,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from rewards.registry import kind_class, kind_names
+from sandboxes.spec import LIMITS as SANDBOX_LIMITS
+from sandboxes.spec import NETWORK_MODES
 
 AGGREGATES = ("weighted_sum", "min", "product")
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$"
@@ -96,11 +98,9 @@ RUBRIC_SCHEMA: dict[str, Any] = {
             "properties": {
                 "image": {"type": "string", "minLength": 1},
                 "driver": {"type": "string", "minLength": 1},
-                "memory_mb": {"type": "integer", "minimum": 16, "maximum": 65536},
-                "cpu": {"type": "number", "exclusiveMinimum": 0, "maximum": 64},
-                "pids": {"type": "integer", "minimum": 1, "maximum": 4096},
-                "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
-                "network": {"type": "string", "enum": ["none", "loopback"]},
+                # The sandboxes library owns these ranges; a rubric that passes here starts.
+                **{name: bounds.json_schema() for name, bounds in SANDBOX_LIMITS.items()},
+                "network": {"type": "string", "enum": list(NETWORK_MODES)},
                 "max_concurrency": {"type": "integer", "minimum": 1, "maximum": 256},
                 "prewarm": {"type": "integer", "minimum": 0, "maximum": 256},
                 "python_evaluations": {

@@ -84,7 +84,7 @@ from sandboxes.pool import SandboxPool
 from sandboxes.result import ExecResult
 from sandboxes.sandbox import Sandbox
 from sandboxes.snapshot import Snapshot
-from sandboxes.spec import DEFENCES, SandboxSpec
+from sandboxes.spec import DEFENCES, LIMITS, LimitBounds, SandboxSpec
 from sandboxes.zygote import PythonZygote
 
 __all__ = [
@@ -92,7 +92,9 @@ __all__ = [
     "EngineUnavailableError",
     "ExecResult",
     "ImageBuildError",
+    "LIMITS",
     "ImageSpec",
+    "LimitBounds",
     "PythonZygote",
     "Sandbox",
     "SandboxError",

@@ -26,12 +26,71 @@ DEFENCES = (
     "seccomp",  # the syscall filter (sandboxes.seccomp) and, with network "none", no IP sockets
 )
 
-DEFAULT_OUTPUT_LIMIT = 1024 * 1024
 WORK_DIR = "/work"
 TMP_DIR = "/tmp"  # noqa: S108 - the sandbox's own private /tmp, not the host's
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MAX_CPU = 1024.0
+
+
+@dataclass(frozen=True)
+class LimitBounds:
+    """The accepted range of one numeric sandbox limit, both ends included.
+
+    ``whole`` limits take integers only. Every layer that checks a limit (the rubric schema,
+    the console's forms, API and database) reads these, so none accepts what a sandbox refuses.
+    """
+
+    minimum: float
+    maximum: float
+    default: float
+    unit: str
+    description: str
+    whole: bool = True
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.whole and not isinstance(value, int):
+            return False
+        return self.minimum <= value <= self.maximum  # False for NaN
+
+    def message(self) -> str:
+        kind = "an integer" if self.whole else "a number"
+        low, high = _bound(self.minimum), _bound(self.maximum)
+        return f"must be {kind} between {low} and {high} ({self.unit})"
+
+    def json_schema(self) -> dict[str, Any]:
+        return {
+            "type": "integer" if self.whole else "number",
+            "minimum": self.minimum,
+            "maximum": self.maximum,
+            "default": self.default,
+            "description": f"{self.description} ({self.unit})",
+            "x-message": self.message(),
+        }
+
+
+def _bound(value: float) -> str:
+    return f"{int(value):,}" if value == int(value) else f"{value:g}"
+
+
+#: The one definition of each numeric limit's range; ``SandboxSpec``'s defaults are these.
+LIMITS: dict[str, LimitBounds] = {
+    # cgroup CPU quotas under ~0.05 of a core starve even the sandbox's own init.
+    "cpu": LimitBounds(0.05, 256, 1.0, "cores", "CPU quota", whole=False),
+    "memory_mb": LimitBounds(16, 2_097_152, 512, "MB", "memory of each run"),
+    # bwrap's init, the supervisor and the command's first process already count.
+    "pids": LimitBounds(4, 1_000_000, 64, "processes", "process count"),
+    "disk_mb": LimitBounds(1, 16_777_216, 256, "MB", "size of /work and /tmp together"),
+    # Fractions of a second are fine here; the console stores whole seconds.
+    "timeout_s": LimitBounds(
+        0.1, 86_400, 10.0, "seconds", "wall-clock limit of a run", whole=False
+    ),
+    "output_limit_bytes": LimitBounds(
+        0, 1 << 30, 1024 * 1024, "bytes", "stdout and stderr kept, each"
+    ),
+    "open_files": LimitBounds(16, 1 << 20, 256, "files", "open file descriptors per process"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,17 +105,17 @@ class SandboxSpec:
 
     driver: str = "bwrap"
     image: Any = None
-    cpu: float = 1.0
-    memory_mb: int = 512
-    pids: int = 64
-    disk_mb: int = 256
-    timeout_s: float = 10.0
+    cpu: float = LIMITS["cpu"].default
+    memory_mb: int = int(LIMITS["memory_mb"].default)
+    pids: int = int(LIMITS["pids"].default)
+    disk_mb: int = int(LIMITS["disk_mb"].default)
+    timeout_s: float = LIMITS["timeout_s"].default
     network: str = "none"
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str | bytes] = field(default_factory=dict)
     allow_weaker: Any = False
-    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
-    open_files: int = 256
+    output_limit_bytes: int = int(LIMITS["output_limit_bytes"].default)
+    open_files: int = int(LIMITS["open_files"].default)
 
     def __post_init__(self) -> None:
         errors = _validate(self)
@@ -150,14 +209,6 @@ def _normalise_weaker(value: Any) -> bool | frozenset[str]:
     return frozenset(value)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def relative_sandbox_path(path: str) -> str:
     """Normalises a path given relative to /work (or absolute under /work or /tmp).
 
@@ -196,16 +247,9 @@ def _validate(spec: SandboxSpec) -> dict[str, str]:
             ImageSpec.from_dict(spec.image)
         except SandboxSpecError as exc:
             errors["image"] = str(exc)
-    if not _is_number(spec.cpu) or not 0 < spec.cpu <= _MAX_CPU:
-        errors["cpu"] = f"must be a number of cores > 0 and <= {_MAX_CPU:g}"
-    if not _is_int(spec.memory_mb) or spec.memory_mb < 16:
-        errors["memory_mb"] = "must be an integer >= 16"
-    if not _is_int(spec.pids) or spec.pids < 4:
-        errors["pids"] = "must be an integer >= 4 (the sandbox's own init needs three)"
-    if not _is_int(spec.disk_mb) or spec.disk_mb < 1:
-        errors["disk_mb"] = "must be an integer >= 1"
-    if not _is_number(spec.timeout_s) or not 0 < spec.timeout_s <= 86400:
-        errors["timeout_s"] = "must be a number of seconds > 0 and <= 86400"
+    for name, bounds in LIMITS.items():
+        if not bounds.accepts(getattr(spec, name)):
+            errors[name] = bounds.message()
     if spec.network not in NETWORK_MODES:
         errors["network"] = f"must be one of {', '.join(NETWORK_MODES)}"
     if not isinstance(spec.env, Mapping):
@@ -248,10 +292,6 @@ def _validate(spec: SandboxSpec) -> dict[str, str]:
                 errors["allow_weaker"] = (
                     f"unknown defences {', '.join(unknown)}; known: {', '.join(DEFENCES)}"
                 )
-    if not _is_int(spec.output_limit_bytes) or spec.output_limit_bytes < 0:
-        errors["output_limit_bytes"] = "must be an integer >= 0"
-    if not _is_int(spec.open_files) or not 16 <= spec.open_files <= 1 << 20:
-        errors["open_files"] = "must be an integer between 16 and 1048576"
     return errors
 
 
