@@ -80,7 +80,7 @@ LIMITS: dict[str, LimitBounds] = {
     "cpu": LimitBounds(0.05, 256, 1.0, "cores", "CPU quota", whole=False),
     "memory_mb": LimitBounds(16, 2_097_152, 512, "MB", "memory of each run"),
     # bwrap's init, the supervisor and the command's first process already count.
-    "pids": LimitBounds(4, 1_000_000, 64, "processes", "process count"),
+    "pids": LimitBounds(4, 1_000_000, 64, "processes", "processes and threads alive at once"),
     "disk_mb": LimitBounds(1, 16_777_216, 256, "MB", "size of /work and /tmp together"),
     # Fractions of a second are fine here; the console stores whole seconds.
     "timeout_s": LimitBounds(

@@ -25,12 +25,14 @@ from console.api import ErrorOut, Pagination, answers, api_membership
 from console.registry import selectors, services, specs
 from console.registry.jsonvalues import json_value_problem
 from console.registry.models import (
+    LIMIT_BOUNDS,
     Domain,
     Rubric,
     RubricVersion,
     SandboxImage,
     SandboxImageVersion,
 )
+from sandboxes import LIMITS as SANDBOX_LIMITS
 
 router = Router(tags=["registry"])
 
@@ -353,15 +355,28 @@ class MetaPatch(Schema):
     description: str | None = None
 
 
+def _limit(default: float, name: str) -> Any:
+    """A limit's field, its documented range read from the sandboxes library's table. The
+    range is documentation only: the service checks it, so a refusal reads the same as the
+    form's ("must be between 4 and 1,000,000") rather than pydantic's wording."""
+    low, high = LIMIT_BOUNDS[name]
+    bounds = SANDBOX_LIMITS[name]
+    return Field(
+        default,
+        description=f"{bounds.description} ({bounds.unit})",
+        json_schema_extra={"minimum": low, "maximum": high},
+    )
+
+
 class SandboxValues(Schema):
     driver: Literal["bwrap", "podman", "docker"] = "bwrap"
     image_ref: str = ""
     setup_script: str = ""
-    cpu: float = 1.0
-    memory_mb: int = 1024
-    pids: int = 256
-    disk_mb: int = 1024
-    timeout_s: int = 60
+    cpu: float = _limit(1.0, "cpu")
+    memory_mb: int = _limit(1024, "memory_mb")
+    pids: int = _limit(256, "pids")
+    disk_mb: int = _limit(1024, "disk_mb")
+    timeout_s: int = _limit(60, "timeout_s")
     network: Literal["none", "loopback"] = "none"
 
 

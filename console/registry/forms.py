@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from console.accounts.models import Team
 from console.registry import selectors, specs
 from console.registry.models import (
+    FRACTIONAL_LIMITS,
     LIMIT_BOUNDS,
     SandboxDriver,
     SandboxNetwork,
@@ -17,6 +18,7 @@ from console.registry.models import (
     format_bound,
 )
 from console.registry.services import sandbox_version_problems
+from sandboxes import LIMITS as SANDBOX_LIMITS
 
 SLUG_HELP = "Lowercase letters, digits, '-' and '_'; unique in your team."
 
@@ -130,14 +132,15 @@ class TrySampleForm(forms.Form):
 SandboxImageMetaForm = VersionedMetaForm
 
 
-def _limit_field(name: str, label: str, help_text: str, integral: bool = True) -> forms.Field:
+def _limit_field(name: str, label: str) -> forms.Field:
     low, high = LIMIT_BOUNDS[name]
-    help_text = f"{help_text} ({format_bound(low)}–{format_bound(high)})"
-    if integral:
-        return forms.IntegerField(
-            label=label, min_value=int(low), max_value=int(high), help_text=help_text
-        )
-    return forms.FloatField(label=label, min_value=low, max_value=high, help_text=help_text)
+    help_text = f"{SANDBOX_LIMITS[name].unit} ({format_bound(low)}–{format_bound(high)})"
+    # min/max come from the sandboxes library's table, so the browser refuses what it refuses.
+    if name in FRACTIONAL_LIMITS:
+        return forms.FloatField(label=label, min_value=low, max_value=high, help_text=help_text)
+    return forms.IntegerField(
+        label=label, min_value=int(low), max_value=int(high), help_text=help_text
+    )
 
 
 class SandboxVersionForm(forms.Form):
@@ -152,11 +155,11 @@ class SandboxVersionForm(forms.Form):
     setup_script = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}), required=False, strip=False
     )
-    cpu = _limit_field("cpu", "CPUs", "cores", integral=False)
-    memory_mb = _limit_field("memory_mb", "Memory (MB)", "MB")
-    pids = _limit_field("pids", "Processes", "pids")
-    disk_mb = _limit_field("disk_mb", "Disk (MB)", "MB")
-    timeout_s = _limit_field("timeout_s", "Timeout (s)", "seconds")
+    cpu = _limit_field("cpu", "CPUs")
+    memory_mb = _limit_field("memory_mb", "Memory (MB)")
+    pids = _limit_field("pids", "Processes")
+    disk_mb = _limit_field("disk_mb", "Disk (MB)")
+    timeout_s = _limit_field("timeout_s", "Timeout (s)")
     network = forms.ChoiceField(choices=SandboxNetwork.choices, initial=SandboxNetwork.NONE)
 
     def clean(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ per parent, limits in range), so a bug in a service or a race cannot store it.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.conf import settings
@@ -16,6 +17,7 @@ from django.db import models
 from django.db.models import Q
 
 from console.accounts.models import Team
+from sandboxes import LIMITS as SANDBOX_LIMITS
 
 
 class VersionStatus(models.TextChoices):
@@ -44,13 +46,23 @@ class TaskSplit(models.TextChoices):
     HELD_OUT = "held_out", "Held out"
 
 
-# Bounds on sandbox limits, shared by forms, the API and the database constraints.
+#: The limits a sandbox image version stores; the database keeps them as whole numbers,
+#: except these (timeout_s is whole seconds here although a sandbox takes fractions).
+SANDBOX_LIMIT_FIELDS = ("cpu", "memory_mb", "pids", "disk_mb", "timeout_s")
+FRACTIONAL_LIMITS = frozenset({"cpu"})
+
+
+def _stored_bounds(name: str) -> tuple[float, float]:
+    bounds = SANDBOX_LIMITS[name]
+    if name in FRACTIONAL_LIMITS:
+        return (bounds.minimum, bounds.maximum)
+    return (math.ceil(bounds.minimum), math.floor(bounds.maximum))
+
+
+# Bounds on sandbox limits, shared by forms, the API and the database constraints. They come
+# from the sandboxes library, which has the last word: a version inside them always starts.
 LIMIT_BOUNDS: dict[str, tuple[float, float]] = {
-    "cpu": (0.05, 256),
-    "memory_mb": (16, 2_097_152),
-    "pids": (4, 1_000_000),  # the sandbox's own init needs three
-    "disk_mb": (1, 16_777_216),
-    "timeout_s": (1, 86_400),
+    name: _stored_bounds(name) for name in SANDBOX_LIMIT_FIELDS
 }
 
 
@@ -84,7 +96,7 @@ def sandbox_spec_dict(values: dict[str, Any], *, image_name: str) -> dict[str, A
     return {
         "driver": values["driver"],
         "image": image,
-        **{name: values[name] for name in ("cpu", "memory_mb", "pids", "disk_mb", "timeout_s")},
+        **{name: values[name] for name in SANDBOX_LIMIT_FIELDS},
         "network": values["network"],
     }
 

@@ -26,6 +26,7 @@ from console.accounts.models import Team
 from console.audit.services import audit_record
 from console.registry import specs, tasksets
 from console.registry.models import (
+    FRACTIONAL_LIMITS,
     LIMIT_BOUNDS,
     SANDBOX_SPEC_FIELDS,
     Domain,
@@ -739,7 +740,7 @@ def sandbox_version_problems(values: Mapping[str, Any]) -> dict[str, list[str]]:
         add("network", "choose none or loopback")
     for name, (low, high) in LIMIT_BOUNDS.items():
         value = values.get(name)
-        integral = name != "cpu"
+        integral = name not in FRACTIONAL_LIMITS
         if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
             add(name, "must be a number" if not integral else "must be a whole number")
         elif integral and int(value) != value:
