@@ -18,7 +18,8 @@ OUTSIDER = "outsider"  # a researcher of another team only
 ANONYMOUS = "anonymous"
 
 EVERYONE = (OWNER, TEAMMATE_RESEARCHER, TEAMMATE_ANNOTATOR, TEAMMATE_ADMIN, OUTSIDER, ANONYMOUS)
-# What each role may do with the team's objects (docs/ARCHITECTURE.md: higher roles include lower ones).
+# What each role may do with the team's objects
+# (docs/ARCHITECTURE.md: higher roles include lower ones).
 READERS = frozenset({OWNER, TEAMMATE_RESEARCHER, TEAMMATE_ANNOTATOR, TEAMMATE_ADMIN})
 WRITERS = frozenset({OWNER, TEAMMATE_RESEARCHER, TEAMMATE_ADMIN})
 ADMINS = frozenset({TEAMMATE_ADMIN})
