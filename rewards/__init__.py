@@ -31,12 +31,14 @@ A rubric is a JSON object (the console stores it; `validate_spec` is the only sc
   to use it only as a gate.
 
 ``clip`` ``[low, high]`` bounds the total, applied last. ``sandbox`` sets the limits of the
-sandboxes code criteria run in (``memory_mb``, ``cpu``, ``pids``, ``timeout_s``, ``network``,
-``image``, ``driver``, ``allow_weaker``), how many run at once (``max_concurrency``, default the
-CPU count), how many the pool keeps created ahead (``prewarm``, default 0) and how Python-only
-runs go (``python_evaluations``: ``"zygote"``, the default, forks a pre-imported Python in
-one of ``max_concurrency`` long-lived sandboxes per run; ``"fresh_sandbox"`` starts a new
-interpreter in a new sandbox per sample; `rewards.sandboxing` says what each isolates).
+sandboxes code criteria run in (``memory_mb``, ``cpu``, ``pids``, ``disk_mb``, ``timeout_s``,
+``output_limit_bytes``, ``open_files``, ``network``, ``image``, ``driver``, ``allow_weaker``;
+each number's range and default are ``sandboxes.LIMITS``, the ones a sandbox enforces), how
+many run at once (``max_concurrency``, default the CPU count), how many the pool keeps created
+ahead (``prewarm``, default 0) and how Python-only runs go (``python_evaluations``:
+``"zygote"``, the default, forks a pre-imported Python in one of ``max_concurrency`` long-lived
+sandboxes per run; ``"fresh_sandbox"`` starts a new interpreter in a new sandbox per sample;
+`rewards.sandboxing` says what each isolates).
 
 Kinds (``python -m rewards kinds``; each documents its params in `criterion_kinds()`):
 answers ``exact_match``, ``regex_match``, ``multiple_choice``, ``math_equivalence``;
