@@ -14,6 +14,7 @@ import pytest
 from sandboxes import ExecResult, Sandbox, SandboxSpec
 from tests.sandboxes.conftest import assert_nothing_left, leftovers
 
+SLEEPER = ["sh", "-c", "sleep 5"]
 # (argv, stdin) pairs whose results must not depend on the path that ran them.
 SAME_ON_BOTH_PATHS = [
     (["sh", "-c", "echo out; echo err >&2; exit 3"], None),
@@ -22,7 +23,7 @@ SAME_ON_BOTH_PATHS = [
     (["python3", "-c", "import sys; print(sys.stdin.read()[::-1])"], "abc"),
     (["sh", "-c", "printf '0123456789abcdef'"], None),
     (["sh", "-c", "pwd; echo $HOME $TMPDIR $USER; id -u"], None),
-    (["sh", "-c", "sleep 5"], None),
+    (SLEEPER, None),
     (["sh", "-c", "kill -INT $$; kill -SEGV $$"], None),
     (["/no/such/program"], None),
     (["no-such-program-on-the-path"], None),
@@ -47,8 +48,13 @@ def _comparable(result: ExecResult) -> tuple[object, ...]:
 
 def _results(mode: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
     monkeypatch.setenv("SANDBOXES_SUPERVISE", mode)
-    with Sandbox(SandboxSpec(output_limit_bytes=64, timeout_s=0.5)) as sandbox:
-        return [_comparable(sandbox.run(argv, stdin=stdin)) for argv, stdin in SAME_ON_BOTH_PATHS]
+    # Only the sleeper is meant to time out; the rest get a limit no loaded machine reaches (a
+    # Python start took over 0.5 s here under load, and its "timed out" differed by path).
+    with Sandbox(SandboxSpec(output_limit_bytes=64, timeout_s=30)) as sandbox:
+        return [
+            _comparable(sandbox.run(argv, stdin=stdin, timeout=0.5 if argv == SLEEPER else None))
+            for argv, stdin in SAME_ON_BOTH_PATHS
+        ]
 
 
 def test_a_supervised_run_reports_exactly_what_a_bwrap_run_reports(monkeypatch):
