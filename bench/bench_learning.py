@@ -1,6 +1,6 @@
 """Does RL learn, robustly? Held-out reward before and after a run, over seeds and settings.
 
-    .venv/bin/python bench/bench_learning.py                          # the README table
+    .venv/bin/python bench/bench_learning.py                          # parity, grpo + dapo, 5 seeds
     .venv/bin/python bench/bench_learning.py --domains parity --seeds 0 1 2 3 4 --algorithms grpo
     .venv/bin/python bench/bench_learning.py --lever entropy_coef=0.01 --lever lr=3e-4
 
@@ -129,7 +129,9 @@ def one_cell(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--domains", nargs="+", default=["parity", "arithmetic", "json_format"])
+    # parity alone by default: json_format, tool_calc and arithmetic do not learn yet with these
+    # settings (bench/README.md), so `make bench` would spend most of its time showing that.
+    parser.add_argument("--domains", nargs="+", default=["parity"])
     parser.add_argument("--algorithms", nargs="+", default=["grpo", "dapo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--lever", action="append", default=None, help="key=value[,key=value]")
