@@ -851,6 +851,11 @@ class _Run:
         return self.spec.lr * min(1.0, (self.step + 1) / warmup)
 
     def trajectory(self, s: _Sampled) -> dict[str, Any]:
+        """The sample as a `training.trajectory.Trajectory`, in the dict form sinks receive.
+        Built through `Trajectory.from_dict` so that what reaches a sink is checked against the
+        one definition (a drifted key fails here, in tests, not in a consumer)."""
+        from training.trajectory import Trajectory
+
         messages = s.messages or [
             {
                 "role": "user",
@@ -858,25 +863,27 @@ class _Run:
             },
             {"role": "assistant", "content": s.text},
         ]
-        return {
-            "messages": messages,
-            "prompt": s.task["prompt"],
-            "completion": s.text,
-            "observations": s.observations,
-            "reward": {"total": s.reward, "breakdown": s.breakdown, "details": s.details},
-            "finish_reason": s.finish_reason,
-            "response_tokens": len(s.response_ids),
-            "task_id": s.task.get("metadata", {}).get("task_id"),
-            "provenance": {
-                "run": self.spec.name,
-                "step": self.step,
-                "policy_version": s.policy_version,
-                "domain": s.domain,
-                "group": s.group,
-                "rubric_version": self.rubric_versions[s.domain],
-                "sandbox_image": s.sandbox_image or self.domains[s.domain].sandbox_image,
-            },
-        }
+        return Trajectory.from_dict(
+            {
+                "messages": messages,
+                "prompt": s.task["prompt"],
+                "completion": s.text,
+                "observations": s.observations,
+                "reward": {"total": s.reward, "breakdown": s.breakdown, "details": s.details},
+                "finish_reason": s.finish_reason,
+                "response_tokens": len(s.response_ids),
+                "task_id": s.task.get("metadata", {}).get("task_id"),
+                "provenance": {
+                    "run": self.spec.name,
+                    "step": self.step,
+                    "policy_version": s.policy_version,
+                    "domain": s.domain,
+                    "group": s.group,
+                    "rubric_version": self.rubric_versions[s.domain],
+                    "sandbox_image": s.sandbox_image or self.domains[s.domain].sandbox_image,
+                },
+            }
+        ).to_dict()
 
     # -------------------------------------------------------------- evaluation
 
