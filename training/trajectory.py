@@ -45,10 +45,12 @@ class ToolCall(msgspec.Struct, frozen=True):
 
 class Message(msgspec.Struct, frozen=True):
     """One OpenAI-style chat message. Keys that a message does not carry are left out of its
-    dict and JSON forms (UNSET), so a user message stays ``{"role", "content"}``."""
+    dict and JSON forms (UNSET), so a user message stays ``{"role", "content"}``. Other keys a
+    task's messages may hold are not reported."""
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | None
+    # A task's own messages may carry content parts (a list), as the console's task sets allow.
+    content: str | list[Any] | None
     tool_calls: list[ToolCall] | UnsetType = UNSET
     tool_call_id: str | UnsetType = UNSET
     name: str | UnsetType = UNSET

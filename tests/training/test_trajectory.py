@@ -106,3 +106,21 @@ def test_trajectories_from_a_tiny_run_validate_against_the_schema(tiny_model_dir
     for item in sink.trajectory_items:
         jsonschema.validate(item, schema)
         assert Trajectory.from_json(json.dumps(item)).to_dict() == item
+
+
+def test_a_tasks_message_with_content_parts_is_reported_as_is():
+    data = _tool_use_trajectory()
+    data["messages"][0] = {"role": "user", "content": [{"type": "text", "text": "2**10?"}]}
+    assert Trajectory.from_dict(data).to_dict() == data
+    jsonschema.validate(data, trajectory_json_schema())
+
+
+def test_the_schema_is_published_by_the_package_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, training; training.trajectory_json_schema(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
