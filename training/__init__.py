@@ -30,6 +30,8 @@ _EXPORTS = {
     "StaticControl": "training.control",
     "FileControl": "training.control",
     "SignalControl": "training.control",
+    "Trajectory": "training.trajectory",
+    "trajectory_json_schema": "training.trajectory",
     "run": "training.loop",
     "RunOutcome": "training.loop",
 }

@@ -23,7 +23,7 @@ tool calls of a turn run in parallel threads. At most ``SandboxPool.max_active``
 active at once, because an episode holds its sandbox until it ends; the rest wait their turn
 (first come, first served), so a pool smaller than the batch cannot deadlock.
 
-The result, a :class:`Trajectory` per episode, is OpenAI-style ``messages`` (assistant turns
+The result, an :class:`Episode` per task sample, is OpenAI-style ``messages`` (assistant turns
 with ``tool_calls``, ``tool`` messages with ``tool_call_id``), the per-step engine outputs
 (token ids, log-probabilities, policy version: the provenance the trainer needs), per-call
 observations and the sandbox image digest.
@@ -109,7 +109,7 @@ class Step:
 
 @dataclass
 class TokenSequence:
-    """An episode's tokens for training: see :meth:`Trajectory.token_sequence`."""
+    """An episode's tokens for training: see :meth:`Episode.token_sequence`."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -119,7 +119,11 @@ class TokenSequence:
 
 
 @dataclass
-class Trajectory:
+class Episode:
+    """One multi-turn agent episode in memory: messages, per-turn engine outputs and tool
+    observations. The loop turns it into a `training.trajectory.Trajectory` (the reported,
+    JSON form) once it is scored."""
+
     task_id: str
     domain: str
     prompt: str
@@ -206,8 +210,10 @@ class DemoChatFormat:
 
 
 @dataclass
-class _Episode:
-    trajectory: Trajectory
+class _EpisodeInProgress:
+    """An `Episode` being played: its sandbox, the text context and calls still to run."""
+
+    result: Episode
     context: str
     sandbox_cm: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     sandbox: Any = None
@@ -230,12 +236,12 @@ def run_episodes(
     config: AgentConfig | None = None,
     pool: SandboxPool | None = None,
     chat_format: DemoChatFormat | None = None,
-    on_trajectory: Callable[[Trajectory], None] | None = None,
+    on_episode: Callable[[Episode], None] | None = None,
     timings: dict[str, float] | None = None,
-) -> list[Trajectory]:
+) -> list[Episode]:
     """Run ``sampling.n`` episodes per task; trajectories come back in task order.
 
-    ``on_trajectory`` is called as each episode finishes (for streaming to a sink).
+    ``on_episode`` is called as each episode finishes (for streaming to a sink).
     ``timings["tools_s"]`` (when given) is increased by the elapsed time of the tool phases,
     sandbox starts included. Tools of different episodes run at the same time, so this is
     less than the sum of the calls' own ``wall_s``.
@@ -246,12 +252,12 @@ def run_episodes(
     pool = pool or SandboxPool()
     per_turn = replace(sampling, n=1)
     episodes = [
-        _Episode(trajectory=_new_trajectory(task, group), context=task["prompt"])
+        _EpisodeInProgress(result=_new_episode(task, group), context=task["prompt"])
         for task in tasks
         for group in range(sampling.n)
     ]
     waiting = list(episodes)
-    active: list[_Episode] = []
+    active: list[_EpisodeInProgress] = []
     turn_index = 0
     try:
         with ThreadPoolExecutor(max_workers=max(1, pool.max_active)) as executor:
@@ -266,23 +272,23 @@ def run_episodes(
                 turn_index += 1
                 for episode in [e for e in active if e.done]:
                     episode.sandbox_cm.close()
-                    episode.trajectory.wall_s = round(time.monotonic() - episode.started, 3)
-                    if on_trajectory is not None:
-                        on_trajectory(episode.trajectory)
+                    episode.result.wall_s = round(time.monotonic() - episode.started, 3)
+                    if on_episode is not None:
+                        on_episode(episode.result)
                 active = [e for e in active if not e.done]
     finally:
         for episode in episodes:
             episode.sandbox_cm.close()
         if own_pool:
             pool.close()
-    return [episode.trajectory for episode in episodes]
+    return [episode.result for episode in episodes]
 
 
-def _new_trajectory(task: dict[str, Any], group: int) -> Trajectory:
+def _new_episode(task: dict[str, Any], group: int) -> Episode:
     metadata = dict(task.get("metadata") or {})
     question = metadata.get("question", task["prompt"])
     messages = list(task.get("messages") or [{"role": "user", "content": question}])
-    return Trajectory(
+    return Episode(
         task_id=str(metadata.get("task_id", "")),
         domain=str(metadata.get("domain", "")),
         prompt=task["prompt"],
@@ -295,7 +301,7 @@ def _new_trajectory(task: dict[str, Any], group: int) -> Trajectory:
 
 def _advance(
     engine: RolloutEngine,
-    active: list[_Episode],
+    active: list[_EpisodeInProgress],
     sampling: SamplingConfig,
     config: AgentConfig,
     pool: SandboxPool,
@@ -305,13 +311,11 @@ def _advance(
 ) -> float:
     """One assistant turn for every active episode, then their tool calls in parallel.
     Returns the seconds the tool phase took."""
-    runnable: list[tuple[_Episode, int]] = []
+    runnable: list[tuple[_EpisodeInProgress, int]] = []
     for episode in active:
-        trajectory = episode.trajectory
-        max_turns = min(
-            config.max_turns, int(trajectory.metadata.get("max_turns", config.max_turns))
-        )
-        if len(trajectory.steps) >= max_turns:
+        result = episode.result
+        max_turns = min(config.max_turns, int(result.metadata.get("max_turns", config.max_turns)))
+        if len(result.steps) >= max_turns:
             _finish(episode, "max_turns")
             continue
         used = _count_tokens(engine, episode.context)
@@ -324,7 +328,7 @@ def _advance(
     if not runnable:
         return 0.0
     # One generate call per distinct budget keeps the batch large in the common case (all equal).
-    by_budget: dict[int, list[_Episode]] = {}
+    by_budget: dict[int, list[_EpisodeInProgress]] = {}
     for episode, budget in runnable:
         by_budget.setdefault(budget, []).append(episode)
     for budget, group in by_budget.items():
@@ -348,17 +352,19 @@ def _advance(
     return tools_s
 
 
-def _take_turn(episode: _Episode, output: RolloutOutput, chat_format: DemoChatFormat) -> None:
-    trajectory = episode.trajectory
+def _take_turn(
+    episode: _EpisodeInProgress, output: RolloutOutput, chat_format: DemoChatFormat
+) -> None:
+    result = episode.result
     prose, calls = parse_tool_calls(output.text)
-    turn = len(trajectory.steps)
+    turn = len(result.steps)
     call_ids = [f"call_{turn}_{i}" for i in range(len(calls))]
     tool_calls = [call.to_openai(call_id) for call, call_id in zip(calls, call_ids, strict=True)]
     message: dict[str, Any] = {"role": "assistant", "content": prose if calls else output.text}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    trajectory.messages.append(message)
-    trajectory.steps.append(Step(turn=turn, output=output, tool_calls=tool_calls, observations=[]))
+    result.messages.append(message)
+    result.steps.append(Step(turn=turn, output=output, tool_calls=tool_calls, observations=[]))
     if calls:
         # The context keeps the model's own text, so the next turn conditions on what it wrote.
         episode.context += chat_format.after_assistant_turn(output.text)
@@ -369,9 +375,9 @@ def _take_turn(episode: _Episode, output: RolloutOutput, chat_format: DemoChatFo
         _finish(episode, "answer")
 
 
-def _run_tools(episode: _Episode, config: AgentConfig, pool: SandboxPool) -> list[str]:
+def _run_tools(episode: _EpisodeInProgress, config: AgentConfig, pool: SandboxPool) -> list[str]:
     calls, episode.pending_calls = episode.pending_calls, []
-    step = episode.trajectory.steps[-1]
+    step = episode.result.steps[-1]
     texts = []
     for call_id, call in calls:
         observation = _execute(episode, call_id, call, config, pool)
@@ -383,9 +389,7 @@ def _run_tools(episode: _Episode, config: AgentConfig, pool: SandboxPool) -> lis
         )
         if len(text) > config.observation_max_chars:
             text = text[: config.observation_max_chars] + "\n[observation truncated]"
-        episode.trajectory.messages.append(
-            {"role": "tool", "tool_call_id": call_id, "content": text}
-        )
+        episode.result.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
         texts.append(text)
     return texts
 
@@ -403,7 +407,11 @@ def _note(observation: Observation) -> str:
 
 
 def _execute(
-    episode: _Episode, call_id: str, call: ToolCall, config: AgentConfig, pool: SandboxPool
+    episode: _EpisodeInProgress,
+    call_id: str,
+    call: ToolCall,
+    config: AgentConfig,
+    pool: SandboxPool,
 ) -> Observation:
     if call.name not in config.tools:
         return Observation(
@@ -418,7 +426,7 @@ def _execute(
     if episode.sandbox is None:
         try:
             episode.sandbox = episode.sandbox_cm.enter_context(pool.acquire(config.sandbox))
-            episode.trajectory.sandbox_image = episode.sandbox.image_digest
+            episode.result.sandbox_image = episode.sandbox.image_digest
         except (SandboxError, OSError) as error:
             _finish(episode, "error", f"sandbox failed to start: {error}")
             return Observation(call_id, call.name, call.code, "", "", None, error=str(error))
@@ -447,7 +455,7 @@ def _execute(
     )
 
 
-def _finish(episode: _Episode, reason: EpisodeEnd, error: str = "") -> None:
+def _finish(episode: _EpisodeInProgress, reason: EpisodeEnd, error: str = "") -> None:
     episode.done = True
-    episode.trajectory.finish_reason = reason
-    episode.trajectory.error = error
+    episode.result.finish_reason = reason
+    episode.result.error = error

@@ -498,16 +498,16 @@ class _Run:
             seed=_seed_for(seed, -1),
         )
         phase: dict[str, float] = {}
-        trajectories = run_episodes(
+        episodes = run_episodes(
             self.engine, [task for _, _, task in items], sampling, config, timings=phase
         )
         self.tool_seconds += phase.get("tools_s", 0.0)
         results = []
-        for index, trajectory in enumerate(trajectories):
+        for index, episode in enumerate(episodes):
             group, domain, task = items[index // n]
             turns = [
                 (list(s.output.prompt_token_ids), list(s.output.token_ids), list(s.output.logprobs))
-                for s in trajectory.steps
+                for s in episode.steps
             ]
             observations = [
                 {
@@ -518,10 +518,10 @@ class _Run:
                     "timed_out": o.timed_out,
                     "wall_s": o.wall_s,
                 }
-                for s in trajectory.steps
+                for s in episode.steps
                 for o in s.observations
             ]
-            last = trajectory.steps[-1].output if trajectory.steps else None
+            last = episode.steps[-1].output if episode.steps else None
             results.append(
                 _Sampled(
                     domain=domain,
@@ -530,13 +530,13 @@ class _Run:
                     prompt_ids=turns[0][0] if turns else [],
                     response_ids=[t for turn in turns for t in turn[1]],
                     logprobs=[lp for turn in turns for lp in turn[2]],
-                    text=trajectory.completion,
-                    finish_reason="length" if trajectory.finish_reason != "answer" else "stop",
+                    text=episode.completion,
+                    finish_reason="length" if episode.finish_reason != "answer" else "stop",
                     policy_version=last.policy_version if last else self.step,
-                    messages=trajectory.messages,
+                    messages=episode.messages,
                     turns=turns,
                     observations=observations,
-                    sandbox_image=trajectory.sandbox_image,
+                    sandbox_image=episode.sandbox_image,
                 )
             )
         return results
@@ -851,6 +851,11 @@ class _Run:
         return self.spec.lr * min(1.0, (self.step + 1) / warmup)
 
     def trajectory(self, s: _Sampled) -> dict[str, Any]:
+        """The sample as a `training.trajectory.Trajectory`, in the dict form sinks receive.
+        Built through `Trajectory.from_dict` so that what reaches a sink is checked against the
+        one definition (a drifted key fails here, in tests, not in a consumer)."""
+        from training.trajectory import Trajectory
+
         messages = s.messages or [
             {
                 "role": "user",
@@ -858,25 +863,27 @@ class _Run:
             },
             {"role": "assistant", "content": s.text},
         ]
-        return {
-            "messages": messages,
-            "prompt": s.task["prompt"],
-            "completion": s.text,
-            "observations": s.observations,
-            "reward": {"total": s.reward, "breakdown": s.breakdown, "details": s.details},
-            "finish_reason": s.finish_reason,
-            "response_tokens": len(s.response_ids),
-            "task_id": s.task.get("metadata", {}).get("task_id"),
-            "provenance": {
-                "run": self.spec.name,
-                "step": self.step,
-                "policy_version": s.policy_version,
-                "domain": s.domain,
-                "group": s.group,
-                "rubric_version": self.rubric_versions[s.domain],
-                "sandbox_image": s.sandbox_image or self.domains[s.domain].sandbox_image,
-            },
-        }
+        return Trajectory.from_dict(
+            {
+                "messages": messages,
+                "prompt": s.task["prompt"],
+                "completion": s.text,
+                "observations": s.observations,
+                "reward": {"total": s.reward, "breakdown": s.breakdown, "details": s.details},
+                "finish_reason": s.finish_reason,
+                "response_tokens": len(s.response_ids),
+                "task_id": s.task.get("metadata", {}).get("task_id"),
+                "provenance": {
+                    "run": self.spec.name,
+                    "step": self.step,
+                    "policy_version": s.policy_version,
+                    "domain": s.domain,
+                    "group": s.group,
+                    "rubric_version": self.rubric_versions[s.domain],
+                    "sandbox_image": s.sandbox_image or self.domains[s.domain].sandbox_image,
+                },
+            }
+        ).to_dict()
 
     # -------------------------------------------------------------- evaluation
 

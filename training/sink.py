@@ -37,10 +37,12 @@ __all__ = ["JsonlSink", "ListSink", "NullSink", "QueueingSink", "Sink", "SinkErr
 class Sink(Protocol):
     """Receives what a run produces. Methods are called from one thread, in step order.
 
-    - ``trajectories(items)``: dicts with ``messages``, ``reward`` (total, breakdown, details),
-      ``provenance`` (run, step, policy_version, rubric_version, sandbox_image, domain) ...
+    - ``trajectories(items)``: one dict per scored sample, the dict form of
+      `training.trajectory.Trajectory` (its fields are defined there, once;
+      ``trajectory_json_schema()`` is its JSON Schema).
     - ``metrics(step, values)``: ``{name: float}`` for one step (names in `training.metrics`).
-    - ``checkpoint(info)``: ``{"step", "path", "tag", ...}`` once a checkpoint is on disk.
+    - ``checkpoint(info)``: ``{"step", "path", "reason", "policy_version"}`` once a checkpoint
+      is on disk.
     - ``event(kind, data)``: things that happen (``run.started``, ``mix.weights_changed``,
       ``run.preempted`` ...).
     """
