@@ -41,6 +41,7 @@ import functools
 import os
 import secrets
 import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +226,9 @@ class ZygotePool:
         self._idle: list[PythonZygote] = []
         self._lock = threading.Lock()
         self._closed = False
+        # A rubric nobody closed (a script, a notebook, a test) must not keep live sandboxes
+        # until the interpreter exits: the idle zygotes close when the pool is collected.
+        weakref.finalize(self, _close_zygotes, self._idle)
 
     @contextlib.contextmanager
     def lend(self) -> Iterator[PythonZygote]:
@@ -258,8 +262,17 @@ class ZygotePool:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
+            idle = list(self._idle)
+            self._idle.clear()  # in place: the finalizer holds this list
         for zygote in idle:
+            zygote.close()
+
+
+def _close_zygotes(zygotes: list[PythonZygote]) -> None:
+    idle = list(zygotes)
+    zygotes.clear()
+    for zygote in idle:
+        with contextlib.suppress(Exception):
             zygote.close()
 
 

@@ -105,3 +105,12 @@ def tiny_spec(model_dir: Path, tmp_path: Path, **changes: Any) -> dict[str, Any]
     }
     spec.update(changes)
     return spec
+
+
+@pytest.fixture
+def closing():
+    """Things with a ``close()`` (rubrics hold zygote sandboxes) closed when the test ends."""
+    items: list[Any] = []
+    yield items
+    for item in items:
+        item.close()

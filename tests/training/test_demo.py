@@ -65,8 +65,10 @@ def _final_answer(completion: str) -> str:
 
 
 @pytest.mark.parametrize("domain", ALL_DOMAINS, ids=lambda d: d.name)
-def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain):
+def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain, closing):
     rubric = rewards.Rubric.from_spec(domain.rubric_spec)
+    # Code rubrics hold zygote sandboxes until closed.
+    closing.append(rubric)
     tasks = domain.make_tasks(3, seed=1, split="test")
     references = [_final_answer(c) for _, c in domain.reference_completions(3, seed=1)]
     # References come from the train split; score them against their own tasks.
@@ -90,12 +92,14 @@ def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain):
     assert rubric.score(wrong).total == pytest.approx(0.0)
 
 
-def test_warm_up_demonstrations_are_the_references_except_where_a_domain_guesses():
+def test_warm_up_demonstrations_are_the_references_except_where_a_domain_guesses(closing):
     for domain in ALL_DOMAINS:
         if domain.name != "parity":
             assert domain.sft_examples(5, seed=2) == domain.reference_completions(5, seed=2)
     parity = get_domain("parity")
     rubric = rewards.Rubric.from_spec(parity.rubric_spec)
+    # Code rubrics hold zygote sandboxes until closed.
+    closing.append(rubric)
     tasks = parity.make_tasks(400, seed=0, split="train")
     demonstrations = parity.sft_examples(400, seed=0)
     assert [p for p, _ in demonstrations] == [t["prompt"] for t in tasks]

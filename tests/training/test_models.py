@@ -84,7 +84,7 @@ def test_the_demo_model_is_llama_shaped_with_64_wide_heads(demo_model_dir):  # n
 
 
 @pytest.mark.slow
-def test_the_base_solves_some_held_out_tasks_but_not_all(demo_model_dir):  # noqa: F811
+def test_the_base_solves_some_held_out_tasks_but_not_all(demo_model_dir, closing):  # noqa: F811
     """Greedy answers to 16 held-out tasks per domain, scored by the domains' real rubrics."""
     engine = HFEngine(demo_model_dir)
     means = {}
@@ -95,6 +95,8 @@ def test_the_base_solves_some_held_out_tasks_but_not_all(demo_model_dir):  # noq
             SamplingConfig(temperature=0, max_new_tokens=domain.max_new_tokens),
         )
         rubric = rewards.Rubric.from_spec(domain.rubric_spec)
+        # Code rubrics hold zygote sandboxes until closed.
+        closing.append(rubric)
         totals = [
             rubric.score(
                 rewards.Sample(
