@@ -56,32 +56,18 @@ IMAGE_SITE = "/image/site"
 IMAGE_RUFF = "/image/bin/ruff"
 TOOLS_IMAGE_NAME = "rewards-code-tools"
 PYTHON_EVALUATIONS = ("zygote", "fresh_sandbox")
+
+
+def _zygote_preload() -> tuple[str, ...]:
+    """The sandbox's default preload plus what the judge and the criteria import."""
+    from sandboxes.zygote import DEFAULT_PRELOAD
+
+    judge = ("_blake2", "_ctypes", "_json", "inspect", "time", "traceback", "types", "unittest")
+    return tuple(sorted(set(DEFAULT_PRELOAD) | set(judge)))
+
+
 #: What the judge, the candidate server and short programs import, loaded once per zygote.
-ZYGOTE_PRELOAD = (
-    "_blake2",
-    "_ctypes",
-    "_json",
-    "bisect",
-    "collections",
-    "copy",
-    "dataclasses",
-    "fractions",
-    "functools",
-    "heapq",
-    "inspect",
-    "itertools",
-    "json",
-    "math",
-    "operator",
-    "random",
-    "re",
-    "string",
-    "time",
-    "traceback",
-    "types",
-    "typing",
-    "unittest",
-)
+ZYGOTE_PRELOAD = _zygote_preload()
 
 
 @functools.lru_cache(maxsize=1)

@@ -570,6 +570,33 @@ class BwrapDriver:
             self.cgroup.kill_run(mark)
             self.cgroup.end_run(mark)
 
+    def _captured_result(
+        self,
+        out: StreamCapture,
+        err: StreamCapture,
+        code: int,
+        sig: int | None,
+        wall: float,
+        cpu_s: float | None,
+        peak: float | None,
+        timed_out: bool,
+        oom: bool,
+    ) -> ExecResult:
+        """One run's result from its captured streams (the same on both launch paths)."""
+        return ExecResult(
+            stdout=out.text,
+            stderr=err.text,
+            exit_code=code,
+            signal=sig,
+            wall_s=wall,
+            cpu_s=cpu_s,
+            peak_memory_mb=peak,
+            timed_out=timed_out,
+            oom_killed=oom,
+            truncated=out.truncated or err.truncated,
+            image_digest=self.image_digest,
+        )
+
     def _killed_result(self, wall: float) -> ExecResult:
         return ExecResult(
             stdout="",
@@ -671,19 +698,7 @@ class BwrapDriver:
             code = os.WEXITSTATUS(status)
             if 128 < code <= 128 + 64:  # as a shell reports a killed command (and bwrap runs)
                 sig = code - 128
-        return ExecResult(
-            stdout=out.text,
-            stderr=err.text,
-            exit_code=code,
-            signal=sig,
-            wall_s=wall,
-            cpu_s=cpu_s,
-            peak_memory_mb=peak,
-            timed_out=timed_out,
-            oom_killed=oom,
-            truncated=out.truncated or err.truncated,
-            image_digest=self.image_digest,
-        )
+        return self._captured_result(out, err, code, sig, wall, cpu_s, peak, timed_out, oom)
 
     def _run_locked(
         self,
@@ -768,19 +783,7 @@ class BwrapDriver:
             sig = code - 128
         if "exit-code" not in status and sig is None and timed_out:
             sig, code = signal.SIGKILL, 128 + signal.SIGKILL
-        return ExecResult(
-            stdout=out.text,
-            stderr=err.text,
-            exit_code=code,
-            signal=sig,
-            wall_s=wall,
-            cpu_s=cpu_s,
-            peak_memory_mb=peak,
-            timed_out=timed_out,
-            oom_killed=oom,
-            truncated=out.truncated or err.truncated,
-            image_digest=self.image_digest,
-        )
+        return self._captured_result(out, err, code, sig, wall, cpu_s, peak, timed_out, oom)
 
 
 def pump_streams(

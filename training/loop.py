@@ -790,6 +790,7 @@ class _Run:
         rollout_s = tools_s = reward_s = 0.0
         rounds = 0
         varied_groups: list[int] = []
+        varied_total = 0  # over every rank
         while True:
             batch = self.sampler.draw(self.weights, per_round)
             offset = len(drawn)  # group ids stay unique across rounds
@@ -815,8 +816,8 @@ class _Run:
                 break
             varied_groups = _varied_groups(samples)
             # Every rank must take the same decision (the next round is a collective).
-            enough = sum(_gather([len(varied_groups)], self.world)) >= per_round
-            if enough or rounds >= rounds_allowed:
+            varied_total = sum(_gather([len(varied_groups)], self.world))
+            if varied_total >= per_round or rounds >= rounds_allowed:
                 break
         timings["timing_s/rollout"] = rollout_s
         timings["timing_s/tools"] = tools_s
@@ -829,9 +830,9 @@ class _Run:
         trained = [s for s in samples if s.group in chosen]
         generation = {
             "batch/generation_rounds": float(rounds),
-            "batch/varied_groups": float(sum(_gather([len(varied_groups)], self.world))),
+            "batch/varied_groups": float(varied_total),
         }
-        if rounds >= rounds_allowed and sum(_gather([len(chosen)], self.world)) < per_round:
+        if varied_total < per_round:
             self.sink.event(
                 "batch.short",
                 {
@@ -911,11 +912,17 @@ class _Run:
 
 
 def _varied_groups(samples: Sequence[_Sampled]) -> list[int]:
-    """The groups (in order of first appearance) whose rewards are not all equal."""
-    rewards: dict[int, list[float]] = {}
-    for s in samples:
-        rewards.setdefault(s.group, []).append(s.reward)
-    return [g for g, values in rewards.items() if max(values) - min(values) > 1e-6]
+    """The groups (in order of first appearance) whose rewards are not all equal (the same
+    test the update applies: `filter_zero_variance_groups`, tolerance 1e-6)."""
+    from training.algorithms import filter_zero_variance_groups
+
+    if not samples:
+        return []
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    keep = filter_zero_variance_groups(rewards, [s.group for s in samples], tolerance=1e-6)
+    return list(
+        dict.fromkeys(s.group for s, kept in zip(samples, keep.tolist(), strict=True) if kept)
+    )
 
 
 def _per_sample_tokens(
