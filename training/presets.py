@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HELD_OUT_TASKS", "balanced_held_out", "learning_run_dict"]
+__all__ = ["HELD_OUT_TASKS", "balanced_held_out", "learning_run_dict", "learning_settings"]
 
 HELD_OUT_TASKS = 64
 
@@ -28,6 +28,30 @@ def balanced_held_out(domain: Any, n: int) -> list[dict[str, Any]]:
     return [t for a in answers for t in [t for t in tasks if str(t["ground_truth"]) == a][:per]]
 
 
+def learning_settings(
+    *, algorithm: str = "grpo", steps: int = 64, eval_every: int = 0, tools: bool = False
+) -> dict[str, Any]:
+    """The run-spec sections measured to learn on the demo domains, without the domains (the
+    console's new-run form starts from these)."""
+    return {
+        "max_steps": steps,
+        "lr": 3e-4,
+        "lr_warmup_steps": 8,
+        "cpu_threads": 1,
+        # A small entropy bonus: parity learned on 5 of 5 seeds with or without it, and with it
+        # in 24-40 steps rather than 24-56 (bench/README.md, "Learning").
+        "algorithm": {"algorithm": algorithm, "entropy_coef": 0.01},
+        "kl": {"coef": 0.0, "reference": False},
+        "batch": {"prompts_per_step": 16, "group_size": 8, "micro_batch_tokens": 4096},
+        "sampling": {"temperature": 1.2, "max_new_tokens": 48},
+        "eval": {"tasks_per_domain": HELD_OUT_TASKS, "greedy": True, "every_steps": eval_every},
+        "deepspeed": {"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0},
+        "rollout": {"engine": "hf"},
+        "tools": {"enabled": tools},
+        "checkpoint": {"save_final": False, "resume": "none"},
+    }
+
+
 def learning_run_dict(
     domain_name: str,
     *,
@@ -40,20 +64,18 @@ def learning_run_dict(
     from training.demo.domains import get_domain
 
     domain = get_domain(domain_name)
+    settings = learning_settings(
+        algorithm=algorithm,
+        steps=steps if steps is not None else 64,
+        eval_every=eval_every,
+        tools=bool(domain.tools),
+    )
+    settings["sampling"]["max_new_tokens"] = domain.max_new_tokens
     return {
         "name": f"learn-{domain_name}-{algorithm}-s{seed}",
         "base_model": model_dir,
         "seed": seed,
-        "max_steps": steps if steps is not None else 64,
-        "lr": 3e-4,
-        "lr_warmup_steps": 8,
-        "cpu_threads": 1,
-        # A small entropy bonus: parity learned on 5 of 5 seeds with or without it, and with it
-        # in 24-40 steps rather than 24-56 (bench/README.md, "Learning").
-        "algorithm": {"algorithm": algorithm, "entropy_coef": 0.01},
-        "kl": {"coef": 0.0, "reference": False},
-        "batch": {"prompts_per_step": 16, "group_size": 8, "micro_batch_tokens": 4096},
-        "sampling": {"temperature": 1.2, "max_new_tokens": domain.max_new_tokens},
+        **settings,
         "domains": [
             {
                 "name": domain_name,
@@ -62,9 +84,4 @@ def learning_run_dict(
                 "eval_tasks": balanced_held_out(domain, HELD_OUT_TASKS),
             }
         ],
-        "eval": {"tasks_per_domain": HELD_OUT_TASKS, "greedy": True, "every_steps": eval_every},
-        "deepspeed": {"zero_optimization": {"stage": 1}, "gradient_clipping": 1.0},
-        "rollout": {"engine": "hf"},
-        "tools": {"enabled": bool(domain.tools)},
-        "checkpoint": {"save_final": False, "resume": "none"},
     }
