@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "console.audit",
     "console.registry",
     "console.status",
+    "console.runs",
 ]
 
 MIDDLEWARE = [
@@ -116,6 +117,26 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The control worker (`celery worker -Q control -B`) sweeps hosts and the queue this often.
+CELERY_BEAT_SCHEDULE = {
+    "runs-sweep": {"task": "runs.sweep", "schedule": float(env_int("RUNS_SWEEP_S", 5, minimum=1))}
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# Runs. Paths every host must read: models' weights and runs' checkpoints (a shared filesystem
+# when hosts are several machines).
+MODELS_ROOT = Path(env_str("MODELS_ROOT", str(VAR_DIR / "models")))
+RUNS_ROOT = Path(env_str("RUNS_ROOT", str(VAR_DIR / "runs")))
+# A host agent writes its heartbeat this often; the sweep marks a host offline (and re-queues
+# its attempts from their last checkpoint) when its heartbeat is older than HOST_OFFLINE_AFTER_S.
+HOST_HEARTBEAT_S = env_int("HOST_HEARTBEAT_S", 2, minimum=1)
+HOST_OFFLINE_AFTER_S = env_int("HOST_OFFLINE_AFTER_S", 20, minimum=2)
+# Attempts a host without GPUs runs at once (a host with GPUs offers one slot per GPU).
+HOST_CPU_SLOTS = env_int("HOST_CPU_SLOTS", 1, minimum=0)
+# The most of a job's stdout/stderr kept per attempt (its first 64 KiB and its newest part).
+RUN_LOG_MAX_BYTES = env_int("RUN_LOG_MAX_BYTES", 1024 * 1024, minimum=128 * 1024)
+# After a cancel is delivered, the agent stops a job that is still running this much later.
+RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 60, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,0 +1,271 @@
+"""The host agent: what `manage.py host_agent` runs on every GPU (or CPU) host.
+
+It registers the host with its inventory, writes a heartbeat every HOST_HEARTBEAT_S (for the
+host and for each attempt it supervises), and consumes ``host.<name>``. For each attempt it
+claims the row, writes the pinned task sets where the job reads them, and starts the job as a
+child process group (``manage.py run_attempt``; under ``torchrun`` for several GPUs), never in
+the worker itself. It keeps the job's output in the attempt's log, stops a job whose cancel
+was not honoured in time, and records a job that died without reporting as failed, with the
+end of its output.
+
+The job dies with the agent (``PR_SET_PDEATHSIG`` in the job): a killed agent leaves no orphan
+that would keep writing for an attempt the console has already given to another host.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+
+from console.runs import services
+from console.runs.models import Attempt, CommandKind, Run, RunState
+
+logger = logging.getLogger(__name__)
+
+HOST_NAME_ENV = "CONSOLE_HOST_NAME"
+AGENT_PID_ENV = "CONSOLE_AGENT_PID"
+
+# Attempts this agent process supervises now: id -> job process.
+_supervised: dict[int, subprocess.Popen[bytes]] = {}
+_supervised_lock = threading.Lock()
+_gpus_in_use: set[int] = set()
+
+
+def host_name() -> str:
+    name = os.environ.get(HOST_NAME_ENV)
+    if not name:
+        raise RuntimeError(f"{HOST_NAME_ENV} is not set: attempts run only in a host agent")
+    return name
+
+
+def inventory() -> dict[str, Any]:
+    """GPUs through NVML where the driver is present; CPU cores and memory always."""
+    import psutil
+
+    data: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "cpu_cores": os.cpu_count() or 1,
+        "memory_mb": psutil.virtual_memory().total // 2**20,
+        "gpus": [],
+    }
+    try:
+        import pynvml  # from nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                name = pynvml.nvmlDeviceGetName(handle)
+                data["gpus"].append(
+                    {
+                        "index": index,
+                        "name": name.decode() if isinstance(name, bytes) else str(name),
+                        "memory_mb": pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
+                    }
+                )
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as error:  # no NVML library, no driver, no GPU: a CPU host
+        data["gpu_probe"] = f"{type(error).__name__}: {error}"[:300]
+    return data
+
+
+def supervised_ids() -> list[int]:
+    with _supervised_lock:
+        return list(_supervised)
+
+
+def heartbeat_forever(name: str, stop: threading.Event) -> None:
+    while not stop.wait(settings.HOST_HEARTBEAT_S):
+        try:
+            services.host_heartbeat(name=name, attempt_ids=supervised_ids())
+        except Exception:
+            logger.exception("heartbeat failed; retrying")
+        finally:
+            close_old_connections()
+
+
+# --- one attempt ----------------------------------------------------------------------------
+
+
+def write_task_files(run: Run) -> None:
+    """The pinned task-set versions as the JSONL files the run spec names (once per run: the
+    pins never change, so a later attempt finds them written)."""
+    from console.registry.models import Task
+
+    for pin in run.pins.get("domains", []):
+        for split in ("train", "held_out"):
+            path = Path(services.task_file(run, pin["slug"], split))
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            rows = Task.objects.filter(
+                domain_id=pin["domain_id"], taskset_version=pin["taskset_version"], split=split
+            ).order_by("index")
+            with partial.open("w", encoding="utf-8") as handle:
+                for task in rows.iterator(chunk_size=2000):
+                    handle.write(json.dumps(task_for_training(task), ensure_ascii=False) + "\n")
+            partial.replace(path)
+
+
+def task_for_training(task: Any) -> dict[str, Any]:
+    """A registry task as training reads it; ``metadata.task_id`` is the registry's id, which
+    each trajectory then carries."""
+    data: dict[str, Any] = {}
+    if task.prompt:
+        data["prompt"] = task.prompt
+    if task.messages is not None:
+        data["messages"] = task.messages
+    data["ground_truth"] = task.ground_truth
+    data["metadata"] = {**(task.metadata or {}), "task_id": str(task.pk)}
+    return data
+
+
+def job_command(attempt: Attempt, gpus: list[int]) -> list[str]:
+    manage = str(Path(settings.BASE_DIR) / "manage.py")
+    job = [manage, "run_attempt", str(attempt.pk)]
+    if len(gpus) > 1:
+        torchrun = shutil.which("torchrun") or "torchrun"
+        return [torchrun, "--standalone", f"--nproc-per-node={len(gpus)}", *job]
+    return [sys.executable, *job]
+
+
+def _take_gpus(count: int) -> list[int]:
+    with _supervised_lock:
+        free = [i for i in range(256) if i not in _gpus_in_use][:count]
+        _gpus_in_use.update(free)
+        return free
+
+
+def _give_back_gpus(gpus: list[int]) -> None:
+    with _supervised_lock:
+        _gpus_in_use.difference_update(gpus)
+
+
+class _Output:
+    """Collects a job's output from its pipe on a thread; `take` returns what is new."""
+
+    def __init__(self, stream: Any) -> None:
+        self.chunks: list[str] = []
+        self.lock = threading.Lock()
+        self.last = ""
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for raw in iter(lambda: stream.read1(65536), b""):
+            text = raw.decode("utf-8", errors="replace")
+            with self.lock:
+                self.chunks.append(text)
+                self.last = (self.last + text)[-4000:]
+
+    def take(self) -> str:
+        with self.lock:
+            text, self.chunks = "".join(self.chunks), []
+        return text
+
+
+def _should_stop(attempt: Attempt) -> bool:
+    """A cancel delivered to the job more than RUN_CANCEL_GRACE_S ago that it did not honour."""
+    deadline = timezone.now() - dt.timedelta(seconds=settings.RUN_CANCEL_GRACE_S)
+    return (
+        attempt.run.commands.filter(kind=CommandKind.CANCEL, created_at__lt=deadline).exists()
+        or Run.objects.filter(pk=attempt.run_id, state=RunState.CANCELLED).exists()
+    )
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def execute(attempt_id: int) -> dict[str, Any]:
+    name = host_name()
+    if not services.attempt_claim(attempt_id=attempt_id, host_name=name, pid=os.getpid()):
+        logger.info("attempt %s: not claimable here (already taken or ended)", attempt_id)
+        return {"attempt": attempt_id, "claimed": False}
+    attempt = Attempt.objects.select_related("run", "host").get(pk=attempt_id)
+    gpus = _take_gpus(attempt.run.gpus) if attempt.run.gpus else []
+    try:
+        try:
+            write_task_files(attempt.run)
+        except Exception as error:
+            services.attempt_finished(
+                attempt_id=attempt_id,
+                status="failed",
+                step=attempt.start_step,
+                error=f"could not write the run's task files: {type(error).__name__}: {error}",
+            )
+            return {"attempt": attempt_id, "claimed": True, "started": False}
+        env = {**os.environ, AGENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        if attempt.run.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        command = job_command(attempt, gpus)
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=settings.BASE_DIR,
+            start_new_session=True,  # its own process group: a stop reaches every rank
+        )
+        with _supervised_lock:
+            _supervised[attempt_id] = process
+        services.attempt_append_log(attempt_id, f"$ {' '.join(command)}  (pid {process.pid})\n")
+        output = _Output(process.stdout)
+        stopped = False
+        while process.poll() is None:
+            time.sleep(1.0)
+            services.attempt_append_log(attempt_id, output.take())
+            if not stopped and _should_stop(attempt):
+                stopped = True
+                services.attempt_append_log(attempt_id, "[agent] cancel not honoured: stopping\n")
+                _stop_group(process)
+        output.thread.join(timeout=10)
+        services.attempt_append_log(attempt_id, output.take())
+        code = process.returncode
+        Attempt.objects.filter(pk=attempt_id).update(exit_code=code)
+        if stopped:
+            services.attempt_finished(
+                attempt_id=attempt_id, status="cancelled", step=attempt.start_step, exit_code=code
+            )
+        else:
+            services.attempt_finished(
+                attempt_id=attempt_id,
+                status="failed",
+                step=attempt.start_step,
+                exit_code=code,
+                error=f"the job exited with code {code} without reporting an outcome; "
+                f"its last output:\n{output.last}",
+            )
+        return {"attempt": attempt_id, "claimed": True, "exit_code": code}
+    finally:
+        with _supervised_lock:
+            _supervised.pop(attempt_id, None)
+        _give_back_gpus(gpus)
+        close_old_connections()

@@ -1,0 +1,91 @@
+"""`manage.py run_attempt ID`: one attempt's job, started by the host agent (never by hand in
+production: the agent claims the attempt first). Builds the `RunSpec` from the run's pinned
+spec, resumes from the checkpoint the attempt was given, and calls
+``training.run(spec, ConsoleSink(attempt), ConsoleControl(attempt))``; then records the outcome.
+Ranks other than 0 (under torchrun) report nothing: rank 0 speaks for the job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from console.runs import agent, services
+from console.runs.models import Attempt, RunEvent
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_agent() -> None:
+    """The kernel kills this process when the agent that started it dies; and if the agent is
+    already gone (we were re-parented before this ran), stop now."""
+    expected = os.environ.get(agent.AGENT_PID_ENV)
+    if not expected:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.environ.get("LOCAL_RANK") is None and os.getppid() != int(expected):
+        sys.exit("the host agent that started this job is gone")
+
+
+class Command(BaseCommand):
+    help = "Runs one attempt of a run (started by the host agent)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("attempt_id", type=int)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        die_with_agent()
+        import training
+        from console.runs.sink import ConsoleControl, ConsoleSink
+        from training.control import StaticControl
+        from training.sink import NullSink
+        from training.spec import RunSpec
+
+        try:
+            attempt = Attempt.objects.select_related("run", "host").get(pk=options["attempt_id"])
+        except Attempt.DoesNotExist:
+            raise CommandError(f"no attempt {options['attempt_id']}") from None
+        rank = int(os.environ.get("RANK", "0"))
+        data = dict(attempt.run.spec)
+        data["checkpoint"] = {**data.get("checkpoint", {}), "resume": attempt.resume_from or "none"}
+        spec = RunSpec.from_dict(data)
+        if rank == 0:
+            services.attempt_started(attempt, pid=os.getpid())
+            self.stdout.write(
+                f"attempt {attempt.number} of run {attempt.run.name} on {attempt.host.name}: "
+                f"steps {attempt.start_step}..{spec.max_steps}"
+                + (f", resuming from {attempt.resume_from}" if attempt.resume_from else "")
+            )
+            sink: Any = ConsoleSink(attempt)
+            control: Any = ConsoleControl(attempt)
+        else:
+            sink, control = NullSink(), StaticControl()
+        outcome = training.run(spec, sink, control)
+        if rank != 0:
+            return
+        error = outcome.error or ""
+        if outcome.status == "failed":
+            failure = (
+                RunEvent.objects.filter(run=attempt.run, attempt=attempt, kind="run.failed")
+                .order_by("-id")
+                .first()
+            )
+            if failure and failure.data.get("traceback"):
+                error = f"{error}\n\n{failure.data['traceback']}"
+            self.stderr.write(error)
+        services.attempt_finished(
+            attempt_id=attempt.pk,
+            status=outcome.status,
+            step=outcome.step,
+            error=error,
+            exit_code=0 if outcome.status != "failed" else 1,
+        )
+        self.stdout.write(f"attempt {attempt.number}: {outcome.status} at step {outcome.step}")
+        if outcome.status == "failed":
+            sys.exit(1)

@@ -1,0 +1,323 @@
+"""Runs and where they execute: models (weights) in the registry, hosts, runs, attempts, and
+what a run produces (trajectories, metrics, checkpoints, events, logs).
+
+A **Run** is what a researcher asked for: a validated training spec with every registry
+reference pinned (rubric version, sandbox image version, task-set version, model version). An
+**Attempt** is one placement of the run on a host; a lost host or a preemption ends the attempt
+and the run goes back to the queue, the next attempt resuming from the last checkpoint recorded
+here. States follow the job lifecycle in docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from console.accounts.models import Team
+from console.registry.models import ObjectVersion, VersionedObject, version_constraints
+
+
+class RegisteredModel(VersionedObject):
+    """A team's model: each version is a set of weights (a base model, or a promoted
+    checkpoint of a run). Versions are published on creation: weights never change."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="models")
+
+    class Meta(VersionedObject.Meta):
+        constraints = [
+            models.UniqueConstraint(fields=["team", "slug"], name="model_slug_unique_per_team")
+        ]
+
+
+class ModelVersion(ObjectVersion):
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")
+    # A directory every host can read (under MODELS_ROOT, or a run's checkpoint directory).
+    path = models.CharField(max_length=1000)
+    # Lineage: the checkpoint these weights were promoted from (None for a base model).
+    source_checkpoint = models.ForeignKey(
+        "Checkpoint", on_delete=models.PROTECT, null=True, blank=True, related_name="promotions"
+    )
+
+    class Meta:
+        ordering = ["model", "number"]
+        constraints = version_constraints("model", "model")
+
+    def __str__(self) -> str:
+        return f"{self.model.slug} v{self.number}"
+
+
+class HostState(models.TextChoices):
+    READY = "ready", "Ready"
+    CORDONED = "cordoned", "Cordoned"
+    OFFLINE = "offline", "Offline"
+
+
+class Host(models.Model):
+    """A machine (or one agent on it) that executes attempts from its Celery queue
+    ``host.<name>``. Hosts are shared by every team; a run's pinned paths must be readable on
+    each of them."""
+
+    name = models.CharField(max_length=100, unique=True)
+    state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.READY)
+    # {"gpus": [{"index", "name", "memory_mb"}], "cpu_cores", "memory_mb", "hostname"}
+    inventory = models.JSONField(default=dict)
+    # How many attempts at once: its GPUs, or CPU slots on a host without GPUs.
+    gpu_slots = models.PositiveIntegerField(default=0)
+    cpu_slots = models.PositiveIntegerField(default=0)
+    agent_pid = models.IntegerField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    state_reason = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        return f"host.{self.name}"
+
+
+class RunState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    SCHEDULED = "scheduled", "Scheduled"
+    RUNNING = "running", "Running"
+    PREEMPTING = "preempting", "Preempting"
+    PREEMPTED = "preempted", "Preempted"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TERMINAL_RUN_STATES = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+
+
+class Run(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="runs")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    name = models.CharField(max_length=100)
+    # What the researcher submitted (registry references by slug), kept for "launch again".
+    request = models.JSONField()
+    # The training spec with every reference resolved and pinned (training.spec.RunSpec form,
+    # except that task sources are filled in by the job from the pinned task-set rows).
+    spec = models.JSONField()
+    # Per domain: {"domain_id", "slug", "rubric_version_id", "rubric_version", "sandbox_image_
+    # version_id", "taskset_version", "weight"}; and the model version the run starts from.
+    pins = models.JSONField()
+    model_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="runs")
+    gpus = models.PositiveIntegerField(default=0)
+    cpu_slots = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
+    state_reason = models.CharField(max_length=2000, blank=True)
+    error = models.TextField(blank=True)
+    last_step = models.PositiveIntegerField(default=0)
+    max_steps = models.PositiveIntegerField(default=0)
+    # Trajectories the library's queue dropped because the database fell behind (shown).
+    dropped_trajectories = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "queued_at"], name="run_state_queued")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_RUN_STATES
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return str(settings.RUNS_ROOT / f"run-{self.pk}" / "checkpoints")
+
+    @property
+    def work_dir(self) -> str:
+        return str(settings.RUNS_ROOT / f"run-{self.pk}")
+
+
+class AttemptState(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"  # placed, sent to the host's queue
+    STARTING = "starting", "Starting"  # claimed by the host agent
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    PREEMPTED = "preempted", "Preempted"
+    LOST = "lost", "Lost"  # its host stopped answering
+
+
+LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.STARTING, AttemptState.RUNNING)
+
+
+class Attempt(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="attempts")
+    state = models.CharField(
+        max_length=16, choices=AttemptState.choices, default=AttemptState.SCHEDULED
+    )
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    resume_from = models.CharField(max_length=1000, blank=True)
+    start_step = models.PositiveIntegerField(default=0)
+    scheduled_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, blank=True)
+    error = models.TextField(blank=True)
+    # The job's stdout and stderr: its head, then its newest part (bounded: RUN_LOG_MAX_BYTES).
+    log_head = models.TextField(blank=True)
+    log_tail = models.TextField(blank=True)
+    log_bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique"),
+            # One live attempt per run: a run is never executed twice at once.
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=Q(state__in=["scheduled", "starting", "running"]),
+                name="attempt_one_live_per_run",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attempt {self.number}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_ATTEMPT_STATES
+
+    @property
+    def log_text(self) -> str:
+        dropped = self.log_bytes - len(self.log_head.encode()) - len(self.log_tail.encode())
+        if dropped > 0:
+            return f"{self.log_head}\n[... {dropped:,} bytes left out ...]\n{self.log_tail}"
+        return self.log_head + self.log_tail
+
+
+class TrajectoryRecord(models.Model):
+    """One scored sample (training.trajectory.Trajectory in ``data``); the columns are what
+    lists filter and sort on. (run, step, index) is unique: a replayed batch never doubles."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trajectories")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="+")
+    step = models.PositiveIntegerField()
+    index = models.PositiveIntegerField()
+    domain = models.CharField(max_length=64)
+    reward = models.FloatField()
+    policy_version = models.PositiveIntegerField()
+    task_id = models.CharField(max_length=64, blank=True)
+    rubric_version = models.PositiveIntegerField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=16)
+    response_tokens = models.PositiveIntegerField()
+    data = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "runs_trajectory"
+        ordering = ["run", "step", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "step", "index"], name="trajectory_unique_per_step"
+            )
+        ]
+        indexes = [models.Index(fields=["run", "domain", "reward"], name="trajectory_domain")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step} #{self.index}"
+
+
+class MetricRow(models.Model):
+    """Every metric of one step of a run (training and evaluation merge into one row)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_rows")
+    step = models.PositiveIntegerField()
+    values = models.JSONField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "runs_metric"
+        ordering = ["run", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="metric_one_per_step")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step}"
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=1000)
+    reason = models.CharField(max_length=32)
+    policy_version = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "step", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "path", "step"], name="checkpoint_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step} ({self.reason})"
+
+
+class RunEvent(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(
+        Attempt, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    kind = models.CharField(max_length=64)
+    step = models.PositiveIntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} (run {self.run_id})"
+
+
+class CommandKind(models.TextChoices):
+    CANCEL = "cancel", "Cancel"
+    PREEMPT = "preempt", "Preempt"
+    OVERRIDES = "overrides", "Overrides"
+
+
+class RunCommand(models.Model):
+    """An operator's (or the scheduler's) decision for a running run, handed to the training
+    loop once (``delivered_at``) at its next step."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="commands")
+    kind = models.CharField(max_length=16, choices=CommandKind.choices)
+    payload = models.JSONField(default=dict)
+    reason = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivered_step = models.PositiveIntegerField(null=True, blank=True)
+    delivered_to = models.ForeignKey(
+        Attempt, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["run", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} for run {self.run_id}"

@@ -1,0 +1,794 @@
+"""Writes for runs: launch, placement on hosts, the attempt lifecycle, operator commands,
+models and promotion, and the host sweep.
+
+Every state change is one conditional row update with its reason, recorded as a run event
+(and, for what a person did, in the audit log). Celery messages are sent only after the
+transaction that decided them commits, so a worker never looks for a row that is not there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from console.accounts.models import Team
+from console.audit.services import audit_record
+from console.broadcast import broadcast_on_commit, team_group
+from console.registry.models import Domain, TaskSplit, VersionStatus
+from console.registry.services import snapshot
+from console.runs.launch import (
+    LaunchError,
+    check_document_shape,
+    split_model_reference,
+)
+from console.runs.models import (
+    LIVE_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    CommandKind,
+    Host,
+    HostState,
+    ModelVersion,
+    RegisteredModel,
+    Run,
+    RunCommand,
+    RunEvent,
+    RunState,
+)
+
+logger = logging.getLogger(__name__)
+
+RUNS_TOPIC = "runs"
+
+
+def run_group(run_id: int) -> str:
+    """The channel-layer group of one run's live page."""
+    return f"run.{run_id}"
+
+
+def _notify(run: Run, event: str, payload: dict[str, Any]) -> None:
+    payload = {"run": run.pk, **payload}
+    broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload)
+    broadcast_on_commit(run_group(run.pk), event, payload)
+
+
+def record_event(
+    run: Run, kind: str, data: dict[str, Any], *, attempt: Attempt | None = None
+) -> RunEvent:
+    step = data.get("step")
+    return RunEvent.objects.create(
+        run=run,
+        attempt=attempt,
+        kind=kind,
+        step=step if isinstance(step, int) and step >= 0 else None,
+        data=data,
+    )
+
+
+def _set_run_state(run: Run, state: str, reason: str, **fields: Any) -> None:
+    old = run.state
+    run.state = state
+    run.state_reason = reason[:2000]
+    for name, value in fields.items():
+        setattr(run, name, value)
+    run.save(update_fields=["state", "state_reason", *fields])
+    record_event(run, "run.state", {"from": old, "to": state, "reason": reason})
+    _notify(run, "run.state", {"state": state, "reason": reason})
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def model_register(
+    *, actor: Any, team: Team, slug: str, title: str, path: str, description: str = ""
+) -> ModelVersion:
+    """A new model (or a new version of the team's model `slug`) whose weights are at `path`."""
+    from django.core.exceptions import ValidationError
+
+    if not (Path(path) / "config.json").is_file():
+        raise ValidationError({"path": [f"{path} is not a model directory (no config.json)"]})
+    with transaction.atomic():
+        model, created = RegisteredModel.objects.get_or_create(
+            team=team,
+            slug=slug,
+            defaults={"title": title, "description": description, "created_by": actor},
+        )
+        version = _model_version_create(actor=actor, model=model, path=path, source=None)
+        audit_record(
+            actor=actor,
+            team=team,
+            action="model.register",
+            target=version,
+            before=None,
+            after=snapshot(version),
+        )
+    return version
+
+
+def _model_version_create(
+    *, actor: Any, model: RegisteredModel, path: str, source: Checkpoint | None
+) -> ModelVersion:
+    number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+    now = timezone.now()
+    return ModelVersion.objects.create(
+        model=model,
+        number=number,
+        path=path,
+        source_checkpoint=source,
+        status=VersionStatus.PUBLISHED,
+        created_by=actor,
+        published_at=now,
+        published_by=actor,
+    )
+
+
+def checkpoint_promote(
+    *, actor: Any, checkpoint: Checkpoint, slug: str, title: str = ""
+) -> ModelVersion:
+    """Makes a checkpoint a model version (new model `slug`, or its next version), so it can be
+    the base of the next run; the version's lineage points back to the checkpoint."""
+    from django.core.exceptions import ValidationError
+
+    from console.registry.services import _check_slug
+
+    try:
+        _check_slug(slug)
+    except ValidationError as error:
+        raise ValidationError({"slug": error.messages}) from None
+    if not (Path(checkpoint.path) / "config.json").is_file():
+        raise ValidationError(
+            {"checkpoint": ["its weights are no longer on disk (only the newest few are kept)"]}
+        )
+    run = checkpoint.run
+    with transaction.atomic():
+        model, _ = RegisteredModel.objects.get_or_create(
+            team=run.team,
+            slug=slug,
+            defaults={
+                "title": title or slug,
+                "created_by": actor,
+                "description": f"Promoted from run {run.name} step {checkpoint.step}",
+            },
+        )
+        version = _model_version_create(
+            actor=actor, model=model, path=checkpoint.path, source=checkpoint
+        )
+        audit_record(
+            actor=actor,
+            team=run.team,
+            action="checkpoint.promote",
+            target=version,
+            before=None,
+            after=snapshot(version),
+        )
+        record_event(
+            run,
+            "checkpoint.promoted",
+            {"step": checkpoint.step, "model": slug, "version": version.number},
+        )
+    return version
+
+
+def model_lineage(version: ModelVersion) -> list[dict[str, Any]]:
+    """From this version back to its base model: each version, and the run and checkpoint it
+    was promoted from."""
+    chain: list[dict[str, Any]] = []
+    current: ModelVersion | None = version
+    seen: set[int] = set()
+    while current is not None and current.pk not in seen:
+        seen.add(current.pk)
+        checkpoint = current.source_checkpoint
+        chain.append(
+            {
+                "version": current,
+                "checkpoint": checkpoint,
+                "run": checkpoint.run if checkpoint else None,
+            }
+        )
+        current = checkpoint.run.model_version if checkpoint else None
+    return chain
+
+
+# --- launch ---------------------------------------------------------------------------------
+
+
+def _resolve_model(team: Team, reference: str) -> ModelVersion:
+    slug, number = split_model_reference(reference)
+    versions = ModelVersion.objects.filter(
+        model__team=team, model__slug=slug, status=VersionStatus.PUBLISHED
+    ).select_related("model")
+    version = (
+        versions.filter(number=number).first() if number else versions.order_by("-number").first()
+    )
+    if version is None:
+        raise LookupError(f"no model {reference!r} in your team")
+    return version
+
+
+def _pin_domain(
+    team: Team, entry: dict[str, Any], index: int, errors: dict[str, list[str]]
+) -> dict[str, Any] | None:
+    path = f"domains[{index}]"
+    slug = entry["domain"]
+    domain = (
+        Domain.objects.filter(team=team, slug=slug)
+        .select_related("rubric", "sandbox_image")
+        .first()
+    )
+    if domain is None:
+        errors.setdefault(f"{path}.domain", []).append(f"no domain {slug!r} in your team")
+        return None
+    problems = []
+    rubric_version = (
+        domain.rubric.versions.filter(status=VersionStatus.PUBLISHED).order_by("-number").first()
+        if domain.rubric
+        else None
+    )
+    if domain.rubric is None:
+        problems.append(f"domain {slug!r} has no rubric: pick one on the domain's page")
+    elif rubric_version is None:
+        problems.append(
+            f"domain {slug!r} cannot run yet: its rubric {domain.rubric.slug!r} has no "
+            "published version (publish one first)"
+        )
+    image_version = None
+    if domain.sandbox_image is not None:
+        image_version = (
+            domain.sandbox_image.versions.filter(status=VersionStatus.PUBLISHED)
+            .order_by("-number")
+            .first()
+        )
+        if image_version is None:
+            problems.append(
+                f"domain {slug!r} cannot run yet: its sandbox image "
+                f"{domain.sandbox_image.slug!r} has no published version"
+            )
+    if domain.taskset_version == 0 or domain.train_count == 0:
+        problems.append(f"domain {slug!r} has no training tasks: upload a task set first")
+    if problems:
+        errors.setdefault(f"{path}.domain", []).extend(problems)
+        return None
+    assert rubric_version is not None
+    weight = entry.get("weight", domain.default_mix_weight)
+    return {
+        "domain_id": domain.pk,
+        "slug": slug,
+        "weight": weight,
+        "rubric_id": rubric_version.rubric_id,
+        "rubric_version_id": rubric_version.pk,
+        "rubric_version": rubric_version.number,
+        "rubric_spec": rubric_version.spec,
+        "sandbox_image_version_id": image_version.pk if image_version else None,
+        "sandbox_image": (
+            f"{domain.sandbox_image.slug}@{image_version.number}"
+            if image_version and domain.sandbox_image
+            else None
+        ),
+        "sandbox": image_version.limits() if image_version else None,
+        "taskset_version": domain.taskset_version,
+        "held_out_count": domain.tasks.filter(
+            taskset_version=domain.taskset_version, split=TaskSplit.HELD_OUT
+        ).count(),
+    }
+
+
+def task_file(run: Run, slug: str, split: str) -> str:
+    return str(Path(run.work_dir) / "tasks" / f"{slug}.{split}.jsonl")
+
+
+def training_spec(
+    run: Run, document: dict[str, Any], pins: list[dict[str, Any]], model: ModelVersion
+) -> dict[str, Any]:
+    """The `training.spec.RunSpec` dict of a run: the document with the pinned registry
+    objects and the run's own paths filled in."""
+    spec = {key: value for key, value in document.items() if key != "domains"}
+    spec["base_model"] = model.path
+    spec["output_dir"] = run.work_dir
+    checkpoint = dict(spec.get("checkpoint") or {})
+    checkpoint["dir"] = run.checkpoint_dir
+    checkpoint["resume"] = "none"  # each attempt sets the run's last recorded checkpoint
+    spec["checkpoint"] = checkpoint
+    domains = []
+    for entry, pin in zip(document["domains"], pins, strict=True):
+        domain: dict[str, Any] = {
+            "name": pin["slug"],
+            "weight": pin["weight"],
+            "rubric_spec": pin["rubric_spec"],
+            "rubric_version": pin["rubric_version"],
+            "task_source": {"kind": "jsonl", "path": task_file(run, pin["slug"], "train")},
+            "sandbox_image": pin["sandbox_image"],
+        }
+        if pin["held_out_count"]:
+            domain["eval_source"] = {
+                "kind": "jsonl",
+                "path": task_file(run, pin["slug"], "held_out"),
+            }
+        for key in ("pass_threshold", "max_new_tokens"):
+            if key in entry:
+                domain[key] = entry[key]
+        domains.append(domain)
+    spec["domains"] = domains
+    return spec
+
+
+def _spec_errors(spec: dict[str, Any]) -> dict[str, list[str]]:
+    from training.spec import RunSpec, SpecError
+
+    try:
+        RunSpec.from_dict(spec)
+    except SpecError as error:
+        errors: dict[str, list[str]] = {}
+        for line in error.errors:
+            path, _, message = line.partition(": ")
+            if not message:
+                path, message = "", line
+            # The console's own paths: a domain's pinned fields read as the domain entry.
+            path = path.replace(".rubric_spec", ".domain (its published rubric)")
+            errors.setdefault(path, []).append(message)
+        return errors
+    return {}
+
+
+def run_launch(*, actor: Any, team: Team, document: Any, gpus: int = 0, cpu_slots: int = 1) -> Run:
+    """Validates the launch document in full, pins the registry, saves the run as queued and
+    asks the control worker to place it. Raises `LaunchError` (every problem by path) and then
+    saves nothing."""
+    errors = check_document_shape(document)
+    if gpus < 0 or gpus > 64:
+        errors.setdefault("gpus", []).append("must be between 0 and 64")
+    if cpu_slots < 1 or cpu_slots > 64:
+        errors.setdefault("cpu_slots", []).append("must be between 1 and 64")
+    if errors:
+        raise LaunchError(errors)
+    model: ModelVersion | None = None
+    try:
+        model = _resolve_model(team, document["base_model"])
+    except (LookupError, ValueError) as error:
+        errors.setdefault("base_model", []).append(str(error))
+    pins = [_pin_domain(team, entry, i, errors) for i, entry in enumerate(document["domains"])]
+    if errors:
+        raise LaunchError(errors)
+    assert model is not None
+    resolved = [p for p in pins if p is not None]
+    with transaction.atomic():
+        run = Run.objects.create(
+            team=team,
+            created_by=actor,
+            name=document["name"],
+            request=document,
+            spec={},
+            pins={
+                "domains": [{k: v for k, v in p.items() if k != "rubric_spec"} for p in resolved],
+                "model_version_id": model.pk,
+                "model": str(model),
+            },
+            model_version=model,
+            gpus=gpus,
+            cpu_slots=cpu_slots,
+            max_steps=0,
+            queued_at=timezone.now(),
+        )
+        spec = training_spec(run, document, resolved, model)
+        spec_errors = _spec_errors(spec)
+        if spec_errors:
+            transaction.set_rollback(True)
+            raise LaunchError(spec_errors)
+        run.spec = spec
+        run.max_steps = int(spec.get("max_steps", 10))
+        run.save(update_fields=["spec", "max_steps"])
+        record_event(run, "run.queued", {"by": actor.get_username(), "model": str(model)})
+        audit_record(
+            actor=actor,
+            team=team,
+            action="run.launch",
+            target=run,
+            before=None,
+            after={"name": run.name, "request": document, "pins": run.pins},
+        )
+        _notify(run, "run.created", {"state": run.state})
+        transaction.on_commit(request_placement)
+    return run
+
+
+def request_placement() -> None:
+    from console.runs.tasks import place_runs
+
+    try:
+        place_runs.delay()
+    except Exception:  # the periodic sweep places it anyway; the launch itself succeeded
+        logger.exception("could not ask the control worker to place runs")
+
+
+# --- placement ------------------------------------------------------------------------------
+
+
+def _fresh_host_cutoff() -> dt.datetime:
+    return timezone.now() - dt.timedelta(seconds=settings.HOST_OFFLINE_AFTER_S)
+
+
+def host_free_slots(host: Host) -> tuple[int, int]:
+    """(free GPU slots, free CPU slots) on `host`."""
+    live = Attempt.objects.filter(host=host, state__in=LIVE_ATTEMPT_STATES).select_related("run")
+    gpus = sum(a.run.gpus for a in live)
+    cpus = sum(a.run.cpu_slots for a in live if a.run.gpus == 0)
+    return host.gpu_slots - gpus, host.cpu_slots - cpus
+
+
+def last_checkpoint(run: Run) -> Checkpoint | None:
+    """The newest checkpoint the database has a record of: its trajectories were all committed
+    before it (the sink writes in the order the run produced them)."""
+    return run.checkpoints.order_by("-step", "-id").first()
+
+
+def place_runs() -> list[Attempt]:
+    """First fit in submission order: each queued run goes to the first ready host (by name)
+    with room for it. Returns the attempts made; their messages go out after commit."""
+    placed: list[Attempt] = []
+    with transaction.atomic():
+        hosts = list(
+            Host.objects.select_for_update()
+            .filter(state=HostState.READY, heartbeat_at__gte=_fresh_host_cutoff())
+            .order_by("name")
+        )
+        if not hosts:
+            return placed
+        free = {host.pk: list(host_free_slots(host)) for host in hosts}
+        queued = (
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(state=RunState.QUEUED)
+            .order_by("queued_at", "id")
+        )
+        for run in queued:
+            for host in hosts:
+                gpu_free, cpu_free = free[host.pk]
+                fits = run.gpus <= gpu_free if run.gpus else run.cpu_slots <= cpu_free
+                if not fits:
+                    continue
+                if run.gpus:
+                    free[host.pk][0] -= run.gpus
+                else:
+                    free[host.pk][1] -= run.cpu_slots
+                placed.append(_schedule(run, host))
+                break
+    return placed
+
+
+def _schedule(run: Run, host: Host) -> Attempt:
+    number = (run.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
+    checkpoint = last_checkpoint(run)
+    attempt = Attempt.objects.create(
+        run=run,
+        number=number,
+        host=host,
+        resume_from=checkpoint.path if checkpoint else "",
+        start_step=checkpoint.step if checkpoint else 0,
+    )
+    _set_run_state(run, RunState.SCHEDULED, f"placed on {host.name} (attempt {number})")
+    record_event(
+        run,
+        "attempt.scheduled",
+        {"attempt": number, "host": host.name, "step": attempt.start_step},
+        attempt=attempt,
+    )
+
+    def send() -> None:
+        from console.runs.tasks import execute_attempt
+
+        execute_attempt.apply_async(args=[attempt.pk], queue=host.queue)
+
+    transaction.on_commit(send)
+    return attempt
+
+
+# --- the attempt lifecycle (host agent and job) ---------------------------------------------
+
+
+def attempt_claim(*, attempt_id: int, host_name: str, pid: int) -> bool:
+    """The host agent takes the attempt: one conditional update, so a re-delivered message
+    (or a second agent) never runs an attempt twice."""
+    now = timezone.now()
+    claimed = Attempt.objects.filter(
+        pk=attempt_id, state=AttemptState.SCHEDULED, host__name=host_name
+    ).update(state=AttemptState.STARTING, started_at=now, heartbeat_at=now, pid=pid)
+    return claimed == 1
+
+
+def attempt_started(attempt: Attempt, *, pid: int) -> None:
+    with transaction.atomic():
+        updated = Attempt.objects.filter(pk=attempt.pk, state=AttemptState.STARTING).update(
+            state=AttemptState.RUNNING, pid=pid, heartbeat_at=timezone.now()
+        )
+        if not updated:
+            return
+        run = Run.objects.select_for_update().get(pk=attempt.run_id)
+        if run.state == RunState.SCHEDULED:
+            _set_run_state(
+                run,
+                RunState.RUNNING,
+                f"running on {attempt.host.name} (attempt {attempt.number})",
+                started_at=run.started_at or timezone.now(),
+            )
+
+
+def attempt_heartbeat(attempt_ids: list[int]) -> None:
+    if attempt_ids:
+        Attempt.objects.filter(pk__in=attempt_ids, state__in=LIVE_ATTEMPT_STATES).update(
+            heartbeat_at=timezone.now()
+        )
+
+
+def attempt_append_log(attempt_id: int, text: str) -> None:
+    """Adds job output to the attempt's log: the first 64 KiB are kept as the head, then the
+    newest RUN_LOG_MAX_BYTES as the tail (older middle output is counted and left out)."""
+    if not text:
+        return
+    head_max = 64 * 1024
+    tail_max = settings.RUN_LOG_MAX_BYTES
+    with transaction.atomic():
+        attempt = (
+            Attempt.objects.select_for_update()
+            .only("log_head", "log_tail", "log_bytes")
+            .get(pk=attempt_id)
+        )
+        attempt.log_bytes += len(text.encode())
+        room = head_max - len(attempt.log_head)
+        if room > 0 and not attempt.log_tail:
+            attempt.log_head += text[:room]
+            text = text[room:]
+        if text:
+            tail = attempt.log_tail + text
+            if len(tail) > tail_max:
+                tail = tail[-tail_max:]
+            attempt.log_tail = tail
+        attempt.save(update_fields=["log_head", "log_tail", "log_bytes"])
+
+
+_OUTCOME_STATES = {
+    "completed": (AttemptState.COMPLETED, RunState.COMPLETED),
+    "failed": (AttemptState.FAILED, RunState.FAILED),
+    "cancelled": (AttemptState.CANCELLED, RunState.CANCELLED),
+    "preempted": (AttemptState.PREEMPTED, RunState.QUEUED),
+}
+
+
+def attempt_finished(
+    *, attempt_id: int, status: str, step: int, error: str = "", exit_code: int | None = None
+) -> bool:
+    """Records how an attempt ended and moves its run on: completed, failed and cancelled are
+    final; a preempted run goes back to the queue and resumes from its checkpoint. False when
+    the attempt had already ended (the job and the agent both report; the first one wins)."""
+    attempt_state, run_state = _OUTCOME_STATES[status]
+    with transaction.atomic():
+        attempt = Attempt.objects.select_for_update().select_related("host").get(pk=attempt_id)
+        if attempt.state not in LIVE_ATTEMPT_STATES:
+            return False
+        attempt.state = attempt_state
+        attempt.outcome = status
+        attempt.error = error[:20000]
+        attempt.ended_at = timezone.now()
+        if exit_code is not None:
+            attempt.exit_code = exit_code
+        attempt.save(update_fields=["state", "outcome", "error", "ended_at", "exit_code"])
+        run = Run.objects.select_for_update().get(pk=attempt.run_id)
+        record_event(
+            run,
+            f"attempt.{status}",
+            {"attempt": attempt.number, "step": step, "error": error[:2000]},
+            attempt=attempt,
+        )
+        fields: dict[str, Any] = {}
+        if run_state in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED):
+            fields["ended_at"] = timezone.now()
+        if status == "failed":
+            fields["error"] = error[:20000]
+            first_line = error.splitlines()[0] if error else "no error text"
+            reason = f"failed on {attempt.host.name} at step {step}: {first_line}"
+        elif status == "preempted":
+            reason = f"preempted at step {step}; resumes from its checkpoint"
+        else:
+            reason = f"{status} at step {step}"
+        if run.state == RunState.CANCELLED:
+            run_state = RunState.CANCELLED  # cancelled while queued-back: stays cancelled
+        _set_run_state(run, run_state, reason, **fields)
+        if run_state == RunState.QUEUED:
+            transaction.on_commit(request_placement)
+    return True
+
+
+def _requeue_lost(attempt: Attempt, reason: str) -> None:
+    attempt.state = AttemptState.LOST
+    attempt.outcome = "lost"
+    attempt.error = reason
+    attempt.ended_at = timezone.now()
+    attempt.save(update_fields=["state", "outcome", "error", "ended_at"])
+    run = Run.objects.select_for_update().get(pk=attempt.run_id)
+    record_event(
+        run, "attempt.lost", {"attempt": attempt.number, "reason": reason}, attempt=attempt
+    )
+    if run.is_terminal:
+        return
+    if run.commands.filter(kind=CommandKind.CANCEL).exists():
+        _set_run_state(run, RunState.CANCELLED, f"cancelled ({reason})", ended_at=timezone.now())
+    else:
+        _set_run_state(run, RunState.QUEUED, f"{reason}; resumes from its last checkpoint")
+
+
+def sweep() -> dict[str, int]:
+    """What the control worker does every few seconds: hosts whose heartbeat stopped go
+    offline and their attempts back to the queue; attempts no agent took or that stopped
+    beating are re-queued; then queued runs are placed."""
+    cutoff = _fresh_host_cutoff()
+    lost = 0
+    with transaction.atomic():
+        silent = Host.objects.select_for_update(skip_locked=True).filter(
+            ~Q(state=HostState.OFFLINE), Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None)
+        )
+        for host in silent:
+            host.state = HostState.OFFLINE
+            host.state_reason = (
+                f"no heartbeat for {settings.HOST_OFFLINE_AFTER_S} s (last "
+                f"{host.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)"
+                if host.heartbeat_at
+                else "never sent a heartbeat"
+            )
+            host.save(update_fields=["state", "state_reason"])
+        stale = (
+            Attempt.objects.select_for_update(skip_locked=True)
+            .filter(state__in=LIVE_ATTEMPT_STATES)
+            .filter(
+                Q(host__state=HostState.OFFLINE)
+                | Q(heartbeat_at__lt=cutoff)
+                | Q(heartbeat_at=None, scheduled_at__lt=cutoff)
+            )
+            .select_related("host")
+        )
+        for attempt in stale:
+            reason = (
+                f"host {attempt.host.name} went silent"
+                if attempt.host.state == HostState.OFFLINE
+                else f"attempt {attempt.number} stopped reporting on {attempt.host.name}"
+            )
+            _requeue_lost(attempt, reason)
+            lost += 1
+    placed = place_runs()
+    return {"lost": lost, "placed": len(placed)}
+
+
+# --- hosts ----------------------------------------------------------------------------------
+
+
+def host_register(*, name: str, inventory: dict[str, Any], agent_pid: int) -> Host:
+    gpus = len(inventory.get("gpus") or [])
+    host, _ = Host.objects.update_or_create(
+        name=name,
+        defaults={
+            "inventory": inventory,
+            "gpu_slots": gpus,
+            "cpu_slots": 0 if gpus else settings.HOST_CPU_SLOTS,
+            "agent_pid": agent_pid,
+            "heartbeat_at": timezone.now(),
+        },
+    )
+    Host.objects.filter(pk=host.pk, state=HostState.OFFLINE).update(
+        state=HostState.READY, state_reason="agent started"
+    )
+    host.refresh_from_db()
+    return host
+
+
+def host_heartbeat(*, name: str, attempt_ids: list[int]) -> None:
+    now = timezone.now()
+    Host.objects.filter(name=name).update(heartbeat_at=now)
+    Host.objects.filter(name=name, state=HostState.OFFLINE).update(
+        state=HostState.READY, state_reason="heartbeat back"
+    )
+    attempt_heartbeat(attempt_ids)
+
+
+def host_set_state(*, actor: Any, host: Host, state: str, reason: str) -> Host:
+    host.state = state
+    host.state_reason = reason
+    host.save(update_fields=["state", "state_reason"])
+    return host
+
+
+# --- operator commands ----------------------------------------------------------------------
+
+
+def run_command(
+    *, actor: Any, run: Run, kind: str, payload: dict[str, Any] | None = None, reason: str = ""
+) -> RunCommand | None:
+    """Cancel, preempt or override. A queued run is cancelled at once (no command: nothing runs
+    it); a finished run refuses every command (ValueError)."""
+    from django.core.exceptions import ValidationError
+
+    payload = payload or {}
+    if kind == CommandKind.OVERRIDES:
+        from training.control import Overrides
+
+        try:
+            overrides = Overrides.from_dict(payload)
+        except ValueError as error:
+            raise ValidationError({"overrides": [str(error)]}) from None
+        if overrides.is_empty():
+            raise ValidationError({"overrides": ["nothing to change"]})
+        names = {d["slug"] for d in run.pins.get("domains", [])}
+        unknown = sorted(set(overrides.domain_weights or {}) - names)
+        if unknown:
+            raise ValidationError(
+                {"domain_weights": [f"not a domain of this run: {', '.join(unknown)}"]}
+            )
+        payload = overrides.to_dict()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.is_terminal:
+            raise ValueError(f"the run has already {run.state}")
+        before = {"state": run.state}
+        command = None
+        if kind == CommandKind.CANCEL and run.state in (RunState.QUEUED, RunState.PREEMPTED):
+            _set_run_state(
+                run, RunState.CANCELLED, reason or "cancelled while queued", ended_at=timezone.now()
+            )
+        elif kind == CommandKind.PREEMPT and run.state in (RunState.QUEUED, RunState.PREEMPTED):
+            raise ValueError("the run is not running: there is nothing to preempt")
+        else:
+            command = RunCommand.objects.create(
+                run=run, kind=kind, payload=payload, reason=reason, created_by=actor
+            )
+            record_event(
+                run,
+                f"control.{kind}_requested",
+                {
+                    "command": command.pk,
+                    "payload": payload,
+                    "reason": reason,
+                    "by": actor.get_username() if actor else "scheduler",
+                },
+            )
+            if kind == CommandKind.PREEMPT:
+                _set_run_state(run, RunState.PREEMPTING, reason or "preemption requested")
+        audit_record(
+            actor=actor,
+            team=run.team,
+            action=f"run.{kind}",
+            target=run,
+            before=before,
+            after={"state": run.state, "payload": payload, "reason": reason},
+        )
+    return command
+
+
+def commands_deliver(*, attempt: Attempt, step: int) -> list[RunCommand]:
+    """The run's undelivered commands, marked delivered to `attempt` at `step` (each once)."""
+    with transaction.atomic():
+        commands = list(
+            RunCommand.objects.select_for_update(skip_locked=True)
+            .filter(run_id=attempt.run_id, delivered_at=None)
+            .order_by("id")
+        )
+        if commands:
+            RunCommand.objects.filter(pk__in=[c.pk for c in commands]).update(
+                delivered_at=timezone.now(), delivered_step=step, delivered_to=attempt
+            )
+            run = Run.objects.get(pk=attempt.run_id)
+            for command in commands:
+                record_event(
+                    run,
+                    "control.delivered",
+                    {
+                        "command": command.pk,
+                        "kind": command.kind,
+                        "step": step,
+                        "payload": command.payload,
+                    },
+                    attempt=attempt,
+                )
+    return commands

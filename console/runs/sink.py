@@ -1,0 +1,220 @@
+"""The console's side of `training.sink.Sink` and `training.control.Control`: what a job on a
+host writes into PostgreSQL, and how it reads operators' decisions.
+
+`ConsoleSink` writes trajectories with ``COPY`` into a temporary table and moves them into
+``runs_trajectory`` with ``INSERT ... ON CONFLICT DO NOTHING`` in one transaction: a batch that
+is written twice (a retry after a lost connection) never doubles a row, since (run, step, index)
+is unique. Metrics of a step merge into one row. After each commit a compact notice goes to the
+run's channel-layer group (`console.broadcast`) for the live pages.
+
+When an attempt starts at step S (``run.started``), rows an earlier attempt wrote for steps
+after S are deleted: the policy that produced them is gone (the run resumes from the checkpoint
+of step S), and the steps will be produced again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from console.runs import services
+from console.runs.models import Attempt, Checkpoint, MetricRow, Run, TrajectoryRecord
+from training.control import ControlDecision, Overrides
+
+TRAJECTORY_COLUMNS = (
+    "run_id",
+    "attempt_id",
+    "step",
+    "index",
+    "domain",
+    "reward",
+    "policy_version",
+    "task_id",
+    "rubric_version",
+    "finish_reason",
+    "response_tokens",
+    "data",
+    "created_at",
+)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return repr(value)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: they are stored as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def trajectory_row(
+    run_id: int, attempt_id: int, index: int, item: dict[str, Any], now: Any
+) -> tuple[Any, ...]:
+    provenance = item.get("provenance") or {}
+    reward = item.get("reward") or {}
+    total = reward.get("total")
+    task_id = item.get("task_id")
+    rubric_version = provenance.get("rubric_version")
+    return (
+        run_id,
+        attempt_id,
+        int(provenance.get("step", 0)),
+        index,
+        str(provenance.get("domain", ""))[:64],
+        float(total) if isinstance(total, int | float) and math.isfinite(total) else 0.0,
+        int(provenance.get("policy_version", 0)),
+        "" if task_id is None else str(task_id)[:64],
+        rubric_version if isinstance(rubric_version, int) else None,
+        str(item.get("finish_reason", ""))[:16],
+        int(item.get("response_tokens", 0)),
+        _json(_finite(item)),
+        now,
+    )
+
+
+def copy_trajectory_rows(rows: Sequence[tuple[Any, ...]]) -> int:
+    """Writes rows through COPY into a temporary table, then into runs_trajectory skipping
+    (run, step, index) already there. Call inside a transaction. Returns rows inserted."""
+    columns = ", ".join(f'"{c}"' for c in TRAJECTORY_COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMPORARY TABLE IF NOT EXISTS runs_trajectory_incoming "
+            "(LIKE runs_trajectory INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        )
+        raw = cursor.cursor  # psycopg 3's cursor, for COPY
+        with raw.copy(f"COPY runs_trajectory_incoming ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute(
+            # The column names are this module's constants, never input.
+            f"INSERT INTO runs_trajectory ({columns}) "  # noqa: S608
+            f"SELECT {columns} FROM runs_trajectory_incoming "
+            "ON CONFLICT (run_id, step, index) DO NOTHING"
+        )
+        inserted = cursor.rowcount
+        cursor.execute("DELETE FROM runs_trajectory_incoming")
+    return inserted
+
+
+class ConsoleSink:
+    """`training.sink.Sink` writing one attempt's output to PostgreSQL (called from the
+    library's sink thread, in the order the run produced things)."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.run: Run = attempt.run
+        self.next_index: dict[int, int] = {}
+        self.written = 0
+
+    def trajectories(self, items: Sequence[dict[str, Any]]) -> None:
+        if not items:
+            return
+        now = timezone.now()
+        rows = []
+        for item in items:
+            step = int((item.get("provenance") or {}).get("step", 0))
+            index = self.next_index.get(step, 0)
+            self.next_index[step] = index + 1
+            rows.append(trajectory_row(self.run.pk, self.attempt.pk, index, item, now))
+        with transaction.atomic():
+            inserted = copy_trajectory_rows(rows)
+            steps = sorted({row[2] for row in rows})
+            services._notify(
+                self.run,
+                "run.trajectories",
+                {"steps": steps, "count": len(rows), "inserted": inserted},
+            )
+        self.written += inserted
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        clean = {k: (v if math.isfinite(v) else None) for k, v in values.items()}
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                'INSERT INTO runs_metric (run_id, step, "values", updated_at) '
+                "VALUES (%s, %s, %s::jsonb, now()) ON CONFLICT (run_id, step) "
+                'DO UPDATE SET "values" = runs_metric."values" || EXCLUDED."values", '
+                "updated_at = now()",
+                [self.run.pk, step, _json(clean)],
+            )
+            Run.objects.filter(pk=self.run.pk, last_step__lt=step).update(last_step=step)
+            services._notify(self.run, "run.metrics", {"step": step, "keys": sorted(clean)})
+
+    def checkpoint(self, info: dict[str, Any]) -> None:
+        with transaction.atomic():
+            Checkpoint.objects.get_or_create(
+                run=self.run,
+                path=str(info.get("path", "")),
+                step=int(info.get("step", 0)),
+                defaults={
+                    "attempt": self.attempt,
+                    "reason": str(info.get("reason", ""))[:32],
+                    "policy_version": int(info.get("policy_version", 0)),
+                },
+            )
+            services._notify(self.run, "run.checkpoint", {"step": int(info.get("step", 0))})
+
+    def event(self, kind: str, data: dict[str, Any]) -> None:
+        data = _finite(json.loads(_json(data)))
+        with transaction.atomic():
+            if kind == "run.started":
+                start = int(data.get("step") or 0)
+                # Steps after the checkpoint this attempt resumed from are produced again.
+                TrajectoryRecord.objects.filter(run=self.run, step__gt=start).delete()
+                MetricRow.objects.filter(run=self.run, step__gt=start).delete()
+                Run.objects.filter(pk=self.run.pk).update(last_step=start)
+                if data.get("spec") is not None:
+                    data = {**data, "spec": "(stored on the run)"}
+            if kind == "sink.trajectories_dropped":
+                Run.objects.filter(pk=self.run.pk).update(
+                    dropped_trajectories=F("dropped_trajectories") + int(data.get("dropped", 1))
+                )
+            services.record_event(self.run, kind, data, attempt=self.attempt)
+            services._notify(self.run, "run.event", {"kind": kind, "step": data.get("step")})
+
+
+class ConsoleControl:
+    """`training.control.Control` reading the run's pending commands once per step."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+
+    def poll(self, step: int) -> ControlDecision:
+        commands = services.commands_deliver(attempt=self.attempt, step=step)
+        if not commands:
+            return ControlDecision()
+        cancel = preempt = False
+        merged: dict[str, Any] = {}
+        reasons = []
+        for command in commands:
+            if command.reason:
+                reasons.append(command.reason)
+            if command.kind == "cancel":
+                cancel = True
+            elif command.kind == "preempt":
+                preempt = True
+            else:
+                merged.update(command.payload)
+        return ControlDecision(
+            preempt=preempt,
+            cancel=cancel,
+            overrides=Overrides.from_dict(merged),
+            reason="; ".join(reasons) or "operator",
+        )
