@@ -88,37 +88,42 @@ def _rubric(team: Team, user: Any, demo: Any) -> Rubric | None:
     return rubric
 
 
+def seed_demo_domain(*, team: Team, user: Any, demo: Any, image: SandboxImage | None) -> Domain:
+    """One demo domain (`training.demo.domains`) with its published rubric and task set."""
+    slug = demo.name.replace("_", "-")
+    domain = Domain.objects.filter(team=team, slug=slug).first()
+    if domain is not None:
+        return domain
+    domain = services.domain_create(
+        actor=user,
+        team=team,
+        slug=slug,
+        title=demo.name.replace("_", " ").capitalize(),
+        description=demo.description,
+        default_mix_weight=1.0,
+        rubric=_rubric(team, user, demo),
+        sandbox_image=image,
+    )
+    result = services.domain_upload_tasks(
+        actor=user,
+        domain=domain,
+        stream=io.BytesIO(_taskset(demo)),
+        filename=f"{slug}.jsonl",
+        held_out_fraction=HELD_OUT_TASKS / (TRAIN_TASKS + HELD_OUT_TASKS),
+        split_seed=0,
+    )
+    if not result.stored:
+        raise RuntimeError(f"demo task set for {slug} was refused: {result.errors[:3]}")
+    domain.refresh_from_db()
+    return domain
+
+
 @transaction.atomic
 def seed_registry(*, team: Team, user: Any) -> list[Domain]:
     """Create the demo domains, rubrics and sandbox image in `team` (as `user`) if missing."""
     from training.demo.domains import demo_domains  # the training library, only needed here
 
     image = _image(team, user)
-    domains = []
-    for demo in demo_domains():
-        slug = demo.name.replace("_", "-")
-        domain = Domain.objects.filter(team=team, slug=slug).first()
-        if domain is None:
-            domain = services.domain_create(
-                actor=user,
-                team=team,
-                slug=slug,
-                title=demo.name.replace("_", " ").capitalize(),
-                description=demo.description,
-                default_mix_weight=1.0,
-                rubric=_rubric(team, user, demo),
-                sandbox_image=image,
-            )
-            result = services.domain_upload_tasks(
-                actor=user,
-                domain=domain,
-                stream=io.BytesIO(_taskset(demo)),
-                filename=f"{slug}.jsonl",
-                held_out_fraction=HELD_OUT_TASKS / (TRAIN_TASKS + HELD_OUT_TASKS),
-                split_seed=0,
-            )
-            if not result.stored:
-                raise RuntimeError(f"demo task set for {slug} was refused: {result.errors[:3]}")
-            domain.refresh_from_db()
-        domains.append(domain)
-    return domains
+    return [
+        seed_demo_domain(team=team, user=user, demo=demo, image=image) for demo in demo_domains()
+    ]

@@ -30,6 +30,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         team, users = self.seed_team()
         self.seed_registry(team, users["researcher"])
+        self.seed_models(team, users["researcher"])
         self.stdout.write(f"\nDemo team “{team.name}”. Logins (username / password):")
         for username, role, password in DEMO_USERS:
             self.stdout.write(f"  {username:<11} {password:<22} {Role(role).label}")
@@ -59,6 +60,13 @@ class Command(BaseCommand):
             if not Membership.objects.filter(team=team, user=users[username]).exists():
                 services.membership_add(actor=admin, team=team, username=username, role=role)
         return team, users
+
+    def seed_models(self, team: Team, researcher: Any) -> None:
+        from console.runs.demo import seed_models
+
+        self.stdout.write("Demo model (built on first use; a few minutes on a CPU) ...")
+        version = seed_models(team=team, user=researcher, log=self.stdout.write)
+        self.stdout.write(f"Model {version} registered at {version.path}.")
 
     def seed_registry(self, team: Team, researcher: Any) -> None:
         try:

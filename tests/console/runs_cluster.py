@@ -1,0 +1,110 @@
+"""A real cluster for runs tests: a control worker (with its beat: the sweep) and host agents,
+as separate processes against the test database and the suite's Redis. Nothing is mocked: the
+agents run real jobs (`manage.py run_attempt`) that train the demo model."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from tests.e2e.conftest import database_url_for
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+
+
+class Cluster:
+    def __init__(self, work: Path, *, offline_after_s: int = 4) -> None:
+        self.work = work
+        self.tag = uuid.uuid4().hex[:6]
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url_for(connection.settings_dict),
+            "RUNS_ROOT": str(work / "runs"),
+            "REDIS_URL": settings.REDIS_URL,
+            "HOST_HEARTBEAT_S": "1",
+            "HOST_OFFLINE_AFTER_S": str(offline_after_s),
+            "RUNS_SWEEP_S": "1",
+            "HOST_CPU_SLOTS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        # The demo model stays where the suite built it (MODELS_ROOT under the real var/).
+        self.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.work / f"{name}.log").open("wb")
+        process = subprocess.Popen(
+            command, cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.processes[name] = process
+        return process
+
+    def start_control(self) -> None:
+        self._start(
+            "control",
+            [sys.executable, "-m", "celery", "-A", "console", "worker", "-Q", "control",
+             "-n", f"control-{self.tag}@test", "--pool", "solo", "-B",
+             "-s", str(self.work / "beat-schedule"), "--without-gossip", "--without-mingle",
+             "-l", "INFO"],
+        )  # fmt: skip
+
+    def host_name(self, name: str) -> str:
+        return f"{name}-{self.tag}"
+
+    def start_agent(self, name: str) -> subprocess.Popen[bytes]:
+        return self._start(
+            name,
+            [sys.executable, "manage.py", "host_agent", "--name", self.host_name(name)],
+        )
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the process itself (not its group): what a crash or the OOM killer does."""
+        self.processes[name].kill()
+        self.processes[name].wait()
+
+    def log(self, name: str) -> str:
+        return (self.work / f"{name}.log").read_text(errors="replace")[-6000:]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{self.log(name)}" for name in self.processes)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def wait_for(
+    condition: Callable[[], Any], *, timeout: float, what: str, cluster: Cluster | None = None
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}"
+                + (f"\n{cluster.logs()}" if cluster else "")
+            )
+        time.sleep(0.5)

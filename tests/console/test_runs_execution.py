@@ -1,0 +1,142 @@
+"""Runs end to end on real parts: a run launched through the API is placed by the control
+worker, executed by a host agent as a child job that trains the demo model, and everything
+it produced is in PostgreSQL; a host agent killed mid-run hands the run to another host,
+which resumes from the checkpoint without a gap or a duplicate."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from console.registry.demo import seed_demo_domain
+from console.runs.demo import seed_models
+from console.runs.launch import default_document
+from console.runs.models import Attempt, Checkpoint, MetricRow, Run, RunEvent, TrajectoryRecord
+from tests.console.runs_cluster import Cluster, wait_for
+from training.demo.domains import get_domain
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def cluster(tmp_path: Any, settings: Any) -> Any:
+    settings.RUNS_ROOT = tmp_path / "runs"
+    cluster = Cluster(tmp_path)
+    cluster.start_control()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def parity(people: Any) -> Any:
+    seed_models(team=people.team, user=people.owner)
+    return seed_demo_domain(
+        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
+    )
+
+
+def launch(api: Any, document: dict[str, Any]) -> dict[str, Any]:
+    response = api.post(
+        "/api/runs", data=json.dumps({"spec": document}), content_type="application/json"
+    )
+    assert response.status_code == 201, response.content
+    return dict(response.json())
+
+
+def state_of(run_id: int) -> str:
+    return str(Run.objects.get(pk=run_id).state)
+
+
+def per_step_counts(run_id: int) -> Counter[int]:
+    return Counter(TrajectoryRecord.objects.filter(run_id=run_id).values_list("step", flat=True))
+
+
+def test_a_run_launched_through_the_api_learns_and_everything_lands_in_postgres(
+    cluster, parity, api_client_as
+):
+    cluster.start_agent("gpu-a")
+    document = default_document(model="demo", domains=[("parity", 1.0)])
+    document.update(name="parity-api", max_steps=40)
+    document["eval"].update(every_steps=20)
+    run = launch(api_client_as("owner"), document)
+    assert run["state"] == "queued"
+    assert run["pins"]["domains"][0]["rubric_version"] == 1
+
+    wait_for(
+        lambda: state_of(run["id"]) in ("completed", "failed", "cancelled"),
+        timeout=900,
+        what="the run to end",
+        cluster=cluster,
+    )
+    final = Run.objects.get(pk=run["id"])
+    assert final.state == "completed", f"{final.state_reason}\n{final.error}\n{cluster.logs()}"
+
+    # Every trajectory the loop produced: 40 steps x 16 prompts x 8 samples, each step whole.
+    counts = per_step_counts(final.pk)
+    assert sorted(counts) == list(range(1, 41))
+    assert set(counts.values()) == {16 * 8}
+    sample = TrajectoryRecord.objects.filter(run=final).first()
+    assert sample is not None and sample.domain == "parity"
+    assert sample.task_id.isdigit()  # the registry task's id
+    # Per-step metrics, held-out evaluations at 0, 20 and 40, and reward that rose.
+    metrics = {row.step: row.values for row in MetricRow.objects.filter(run=final)}
+    assert set(range(1, 41)) <= set(metrics)
+    held_out = {
+        step: values["eval/reward/parity/mean"]
+        for step, values in metrics.items()
+        if "eval/reward/parity/mean" in values
+    }
+    assert sorted(held_out) == [0, 20, 40]
+    assert held_out[40] > held_out[0] + 0.2, held_out
+    assert Checkpoint.objects.filter(run=final).exists()
+    kinds = set(RunEvent.objects.filter(run=final).values_list("kind", flat=True))
+    assert {"run.queued", "attempt.scheduled", "run.started", "run.completed"} <= kinds
+    attempt = Attempt.objects.get(run=final)
+    assert attempt.state == "completed" and attempt.exit_code == 0
+    assert "attempt 1 of run parity-api" in attempt.log_text
+
+
+def test_a_killed_host_agent_hands_the_run_to_another_host_without_gap_or_duplicate(
+    cluster, parity, api_client_as
+):
+    cluster.start_agent("host-a")
+    document = default_document(model="demo", domains=[("parity", 1.0)])
+    document.update(name="parity-failover", max_steps=12)
+    document["batch"].update(prompts_per_step=4, group_size=4)
+    document["checkpoint"].update(every_steps=3)
+    document["eval"].update(at_start=False, at_end=False)
+    run = launch(api_client_as("owner"), document)
+
+    # Once a checkpoint is recorded (and a step or more beyond it is under way) on host A ...
+    wait_for(
+        lambda: Checkpoint.objects.filter(run_id=run["id"], step__gte=3).exists()
+        and Run.objects.get(pk=run["id"]).last_step >= 4,
+        timeout=600,
+        what="a checkpoint on the first host",
+        cluster=cluster,
+    )
+    first = Attempt.objects.get(run_id=run["id"], number=1)
+    assert first.host.name == cluster.host_name("host-a")
+    cluster.start_agent("host-b")
+    cluster.kill("host-a")
+
+    wait_for(
+        lambda: state_of(run["id"]) in ("completed", "failed", "cancelled"),
+        timeout=900,
+        what="the run to end on the second host",
+        cluster=cluster,
+    )
+    final = Run.objects.get(pk=run["id"])
+    assert final.state == "completed", f"{final.state_reason}\n{final.error}\n{cluster.logs()}"
+    attempts = list(Attempt.objects.filter(run=final).order_by("number"))
+    assert [a.state for a in attempts] == ["lost", "completed"]
+    assert attempts[1].host.name == cluster.host_name("host-b")
+    assert attempts[1].start_step >= 3
+    # No gap and no duplicate: every step 1..12 holds exactly its 4 x 4 samples.
+    counts = per_step_counts(final.pk)
+    assert sorted(counts) == list(range(1, 13))
+    assert set(counts.values()) == {16}
+    assert final.dropped_trajectories == 0
