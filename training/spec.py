@@ -44,8 +44,9 @@ Sections (all optional except ``base_model`` and ``domains``)::
 
 Task sources: ``{"kind": "demo", "domain": "arithmetic", "n": 256, "seed": 0, "split":
 "train"}`` draws from `training.demo` (held-out ``eval_source`` defaults to the demo's
-``test`` split); ``{"kind": "jsonl", "path": "tasks.jsonl"}`` reads one task
-``{"prompt", "ground_truth", "metadata"}`` per line.
+``held_out`` split); ``{"kind": "jsonl", "path": "tasks.jsonl"}`` reads one task per line (tasks
+naming a ``split`` are kept only in that split). A task is ``{"prompt" | "messages",
+"ground_truth", "metadata", "split"}``: the shape and the split names are `training.tasks`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from pydantic import Field, ValidationError
 
 from training.algorithm_config import ALGORITHM_PRESETS, AlgorithmConfig, KLEstimatorName
 from training.rollout_config import RolloutEngineConfig
+from training.tasks import TASK_KEYS, Split, task_problem
 from training.validation import SpecModel, error_lines, unique, validate_into
 
 __all__ = [
@@ -101,15 +103,16 @@ class DemoTaskSource(SpecModel):
     domain: str | None = Field(default=None, min_length=1)
     n: int | None = Field(default=None, ge=1)
     seed: int = Field(default=0, ge=0)
-    split: Literal["train", "test"] | None = None
+    split: Split | None = None
 
 
 class JsonlTaskSource(SpecModel):
-    """One task object a line (the task shape: ``training.tasks``)."""
+    """One task object a line (the task shape: ``training.tasks``); ``split`` defaults to the
+    split being loaded (``train`` for ``task_source``, ``held_out`` for ``eval_source``)."""
 
     kind: Literal["jsonl"]
     path: str = Field(min_length=1)
-    split: Literal["train", "test"] | None = None
+    split: Split | None = None
 
 
 _TASK_SOURCES: dict[str, type[SpecModel]] = {"demo": DemoTaskSource, "jsonl": JsonlTaskSource}
@@ -435,8 +438,12 @@ def _task_problems(tasks: Any, path: str) -> list[str]:
         return []
     problems = []
     for i, task in enumerate(tasks):
-        if not isinstance(task, dict) or not isinstance(task.get("prompt"), str):
-            problems.append(f"{path}[{i}]: a task is an object with a string 'prompt'")
+        problem = task_problem(task)
+        if problem is not None:
+            # "messages[0]: ..." reads as a path under the task; a bare message is the task's.
+            where, sep, rest = problem.partition(": ")
+            inside = sep and where.split("[")[0] in TASK_KEYS
+            problems.append(f"{path}[{i}].{where}: {rest}" if inside else f"{path}[{i}]: {problem}")
     return problems
 
 
