@@ -89,8 +89,10 @@ class HeldOut:
         held_out = cls()
         needed = config.eval_tasks + config.fisher_tasks
         for name in config.domains:
-            # Small domains repeat test tasks; over-draw, then keep each task once.
-            tasks = _unique(get_domain(name).make_tasks(4 * needed, seed=config.seed, split="held_out"))
+            # Small domains repeat held-out tasks; over-draw, then keep each task once.
+            tasks = _unique(
+                get_domain(name).make_tasks(4 * needed, seed=config.seed, split="held_out")
+            )
             tasks = _balance_answers(tasks)
             if len(tasks) < needed:
                 raise RuntimeError(f"{name}: only {len(tasks)} distinct held-out tasks")
