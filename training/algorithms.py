@@ -301,7 +301,7 @@ def _require_groups(name: str, group_index: GroupIndex | None, batch_size: int) 
     return group_ids(group_index, batch_size)
 
 
-def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def _per_token(per_row: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     return per_row.unsqueeze(-1) * response_mask.to(per_row.dtype)
 
 
@@ -322,7 +322,7 @@ def _grpo(
     std = torch.where(single, torch.ones_like(std), std)
     centred = scores - mean
     per_row = centred / (std + epsilon) if norm_by_std else centred
-    advantages = _broadcast(per_row, response_mask)
+    advantages = _per_token(per_row, response_mask)
     return advantages, advantages
 
 
@@ -411,7 +411,7 @@ def _rloo_estimator(
     # r_i - mean of the others == n/(n-1) * (r_i - group mean); a lone sample keeps its reward.
     leave_one_out = (scores - mean) * size / (size - 1).clamp(min=1.0)
     per_row = torch.where(size < 2, scores, leave_one_out)
-    advantages = _broadcast(per_row, response_mask)
+    advantages = _per_token(per_row, response_mask)
     return advantages, advantages
 
 
@@ -464,7 +464,7 @@ def _reinforce_pp_baseline_estimator(
     ids = _require_groups("reinforce_plus_plus_baseline", group_index, scores.shape[0])
     mean, _, size = _group_stats(scores, ids)
     centred = scores - torch.where(size < 2, torch.zeros_like(mean), mean)
-    advantages = masked_whiten(_broadcast(centred, response_mask), response_mask)
+    advantages = masked_whiten(_per_token(centred, response_mask), response_mask)
     return advantages, advantages
 
 

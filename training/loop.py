@@ -224,7 +224,8 @@ def _dist() -> Any:
     return dist
 
 
-def _broadcast(value: Any, rank: int, world: int) -> Any:
+def _broadcast_from_rank0(value: Any, rank: int, world: int) -> Any:
+    """Rank 0's ``value`` on every rank (torch.distributed; not the console's broadcasts)."""
     if world == 1:
         return value
     holder = [value if rank == 0 else None]
@@ -245,7 +246,7 @@ def _seed_for(*parts: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def _rubric_version(rubric_spec: dict[str, Any]) -> str:
+def _rubric_digest(rubric_spec: dict[str, Any]) -> str:
     canonical = json.dumps(rubric_spec, sort_keys=True, separators=(",", ":"))
     return f"{rubric_spec.get('version', 0)}:{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
@@ -308,7 +309,7 @@ class _Run:
         self.engine = make_engine(spec.rollout_engine_config(), self.model_dir)
         self.tokenizer = self.trainer.tokenizer
         self.rubrics = {d.name: Rubric.from_spec(d.rubric_spec) for d in spec.domains}
-        self.rubric_versions = {d.name: _rubric_version(d.rubric_spec) for d in spec.domains}
+        self.rubric_digests = {d.name: _rubric_digest(d.rubric_spec) for d in spec.domains}
         self.domains = {d.name: d for d in spec.domains}
         self.sampler = DomainMixSampler(
             {d.name: self.engine_tasks(load_tasks(d)) for d in spec.domains}, spec.seed
@@ -893,7 +894,8 @@ class _Run:
                     "policy_version": s.policy_version,
                     "domain": s.domain,
                     "group": s.group,
-                    "rubric_version": self.rubric_versions[s.domain],
+                    "rubric_digest": self.rubric_digests[s.domain],
+                    "rubric_version": self.domains[s.domain].rubric_version,
                     "sandbox_image": s.sandbox_image or self.domains[s.domain].sandbox_image,
                 },
             }
@@ -1008,7 +1010,7 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
             state.evaluate()
         last: dict[str, float] = {}
         while state.step < spec.max_steps:
-            decision = _broadcast(
+            decision = _broadcast_from_rank0(
                 control.poll(state.step) if state.rank == 0 else None, state.rank, state.world
             )
             assert isinstance(decision, ControlDecision)

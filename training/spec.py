@@ -30,7 +30,7 @@ Sections (all optional except ``base_model`` and ``domains``)::
       "domains": [{"name": "arithmetic", "weight": 1.0, "rubric_spec": {...},
                    "tasks": [...] | "task_source": {"kind": "demo"|"jsonl", ...},
                    "eval_tasks": [...] | "eval_source": {...}, "pass_threshold": 1.0,
-                   "sandbox_image": null}],
+                   "sandbox_image": null, "rubric_version": null}],
       "eval": {"every_steps": 0, "tasks_per_domain": 32, "greedy": true},
       "deepspeed": {...},                   # a DeepSpeed config dict (ZeRO stage, precision ...)
       "rollout": {"engine": "hf", ...},     # training.rollout_config.RolloutEngineConfig fields
@@ -137,6 +137,9 @@ class DomainSpec(SpecModel):
     pass_threshold: float = 1.0
     max_new_tokens: int | None = Field(default=None, ge=1)
     sandbox_image: str | None = Field(default=None, min_length=1)
+    # The console registry's version number of the rubric (trajectories carry it beside the
+    # rubric's digest); None for a run not started from the registry (the CLI).
+    rubric_version: int | None = Field(default=None, ge=1)
 
 
 class BatchSpec(SpecModel):
