@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.demo import demo_domains  # noqa: E402
-from training.models import ensure_demo_model  # noqa: E402
-from training.rollout import RolloutEngineConfig, SamplingConfig, make_engine  # noqa: E402
+from training.demo import demo_domains
+from training.models import ensure_demo_model
+from training.rollout import RolloutEngineConfig, SamplingConfig, make_engine
 
 
 def measure(engine_name: str, model_dir: Path, prompts: list[str], sampling: SamplingConfig):
