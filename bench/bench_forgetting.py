@@ -46,11 +46,11 @@ import torch
 # Run as a script from the repository root (python bench/bench_forgetting.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.control import StaticControl  # noqa: E402
-from training.demo.domains import DemoDomain, demo_domains, get_domain  # noqa: E402
-from training.ewc import EWCPenalty, causal_lm_nll, estimate_fisher, fisher_batches  # noqa: E402
-from training.loop import RunOutcome, run  # noqa: E402
-from training.spec import RunSpec  # noqa: E402
+from training.control import StaticControl
+from training.demo.domains import DemoDomain, demo_domains, get_domain
+from training.ewc import EWCPenalty, causal_lm_nll, estimate_fisher, fisher_batches
+from training.loop import RunOutcome, run
+from training.spec import RunSpec
 
 Say = Callable[..., None]
 
@@ -89,8 +89,10 @@ class HeldOut:
         held_out = cls()
         needed = config.eval_tasks + config.fisher_tasks
         for name in config.domains:
-            # Small domains repeat test tasks; over-draw, then keep each task once.
-            tasks = _unique(get_domain(name).make_tasks(4 * needed, seed=config.seed, split="test"))
+            # Small domains repeat held-out tasks; over-draw, then keep each task once.
+            tasks = _unique(
+                get_domain(name).make_tasks(4 * needed, seed=config.seed, split="held_out")
+            )
             tasks = _balance_answers(tasks)
             if len(tasks) < needed:
                 raise RuntimeError(f"{name}: only {len(tasks)} distinct held-out tasks")

@@ -31,9 +31,9 @@ from typing import Any
 # Run as a script from the repository root (python bench/bench_learning.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training import ListSink, RunSpec, StaticControl, run  # noqa: E402
-from training.demo.domains import get_domain  # noqa: E402
-from training.presets import learning_run_dict  # noqa: E402
+from training import ListSink, RunSpec, StaticControl, run
+from training.demo.domains import get_domain
+from training.presets import learning_run_dict
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rewards import Rubric, Sample  # noqa: E402
+from rewards import Rubric, Sample
 
 MBPP_TASKS = [
     ("def add(a, b):\n    return a + b", ["add(1, 2) == 3", "add(-1, 1) == 0", "add(10, 5) == 15"]),

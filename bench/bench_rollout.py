@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.demo import demo_domains  # noqa: E402
-from training.models import ensure_demo_model  # noqa: E402
-from training.rollout import RolloutEngineConfig, SamplingConfig, make_engine  # noqa: E402
+from training.demo import demo_domains
+from training.models import ensure_demo_model
+from training.rollout import RolloutEngineConfig, SamplingConfig, make_engine
 
 
 def measure(engine_name: str, model_dir: Path, prompts: list[str], sampling: SamplingConfig):
@@ -48,7 +48,7 @@ def child(args: argparse.Namespace) -> None:
     model_dir = ensure_demo_model(size=args.size)
     domains = demo_domains()
     per_domain = -(-args.prompts // len(domains))
-    tasks = [t for d in domains for t in d.make_tasks(per_domain, seed=0, split="test")]
+    tasks = [t for d in domains for t in d.make_tasks(per_domain, seed=0, split="held_out")]
     prompts = [t["prompt"] for t in tasks][: args.prompts]
     sampling = SamplingConfig(
         temperature=1.0, max_new_tokens=args.new_tokens, seed=0, ignore_eos=args.ignore_eos

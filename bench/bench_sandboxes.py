@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot  # noqa: E402
+from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot
 
 COMMAND = ["python3", "-c", "pass"]
 BARE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -147,7 +147,7 @@ def throughput(runs: int, concurrency: int) -> None:
     pool_s, pool_failures = drive(pooled, runs)
     pool.close()
     prefix = f"sb-{os.getpid()}-"
-    root = Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))  # noqa: S108
+    root = Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]
     print(f"pool ({runs} runs, {concurrency} at a time)")
     print(f"  bare    {runs / bare_s:7.1f} runs/s  failures {bare_failures}")

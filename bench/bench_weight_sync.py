@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.models import ensure_demo_model  # noqa: E402
-from training.rollout import RolloutEngineConfig, make_engine  # noqa: E402
+from training.models import ensure_demo_model
+from training.rollout import RolloutEngineConfig, make_engine
 
 
 def timed(fn, repeats: int) -> float:

@@ -2,9 +2,9 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.core.asgi import get_asgi_application  # noqa: E402
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
+from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 

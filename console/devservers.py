@@ -516,7 +516,7 @@ def _wait_until_serving(port: int, processes: list[ManagedProcess]) -> None:
                 status = managed.process.returncode
                 raise ServiceError(f"{managed.name} exited with status {status}")
         try:
-            with urlopen(url, timeout=2):  # noqa: S310  (our own server on loopback)
+            with urlopen(url, timeout=2):
                 return
         except (URLError, OSError):
             time.sleep(0.2)

@@ -69,7 +69,7 @@ def call_with_deadline(function: Callable[[], T], deadline_s: float) -> T:
     def target() -> None:
         try:
             box["value"] = function()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+        except BaseException as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=target, name="rewards-criterion", daemon=True)
@@ -230,7 +230,7 @@ class Rubric:
                 for per_sample in judged:
                     per_sample[entry.name] = (0.0, dict(failed))
                 continue
-            except Exception:  # noqa: BLE001 - judged one by one instead
+            except Exception:
                 log.info("batch judgement of %r failed; judging one by one", entry.name,
                          exc_info=True)  # fmt: skip
                 continue
@@ -283,7 +283,7 @@ class Rubric:
             score, found = 0.0, {"error": str(exc), "timed_out": True}
         except CriterionError as exc:
             score, found = 0.0, {"error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - one broken criterion must not fail the batch
+        except Exception as exc:
             score, found = (
                 0.0,
                 {

@@ -78,7 +78,7 @@ def _serve() -> None:
             reply: tuple[bool, Any] = (True, function(*args))
         except MemoryError:
             reply = (False, "ran out of memory")
-        except Exception as exc:  # noqa: BLE001 - reported to the caller as text
+        except Exception as exc:
             reply = (False, f"{type(exc).__name__}: {exc}")
         _write_message(replies, reply)
 

@@ -50,11 +50,20 @@ are Python floats, detached from the graph.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from training.algorithm_config import (
+    ADVANTAGE_ESTIMATOR_NAMES,
+    ALGORITHM_PRESETS,
+    KL_ALIASES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    AlgorithmConfig,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -239,6 +248,7 @@ def register_advantage_estimator(
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ADVANTAGE_ESTIMATORS[name] = fn
+        ADVANTAGE_ESTIMATOR_NAMES.add(name)
         return fn
 
     return decorate
@@ -291,7 +301,7 @@ def _require_groups(name: str, group_index: GroupIndex | None, batch_size: int) 
     return group_ids(group_index, batch_size)
 
 
-def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def _per_token(per_row: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     return per_row.unsqueeze(-1) * response_mask.to(per_row.dtype)
 
 
@@ -312,7 +322,7 @@ def _grpo(
     std = torch.where(single, torch.ones_like(std), std)
     centred = scores - mean
     per_row = centred / (std + epsilon) if norm_by_std else centred
-    advantages = _broadcast(per_row, response_mask)
+    advantages = _per_token(per_row, response_mask)
     return advantages, advantages
 
 
@@ -401,7 +411,7 @@ def _rloo_estimator(
     # r_i - mean of the others == n/(n-1) * (r_i - group mean); a lone sample keeps its reward.
     leave_one_out = (scores - mean) * size / (size - 1).clamp(min=1.0)
     per_row = torch.where(size < 2, scores, leave_one_out)
-    advantages = _broadcast(per_row, response_mask)
+    advantages = _per_token(per_row, response_mask)
     return advantages, advantages
 
 
@@ -454,7 +464,7 @@ def _reinforce_pp_baseline_estimator(
     ids = _require_groups("reinforce_plus_plus_baseline", group_index, scores.shape[0])
     mean, _, size = _group_stats(scores, ids)
     centred = scores - torch.where(size < 2, torch.zeros_like(mean), mean)
-    advantages = masked_whiten(_broadcast(centred, response_mask), response_mask)
+    advantages = masked_whiten(_per_token(centred, response_mask), response_mask)
     return advantages, advantages
 
 
@@ -565,13 +575,6 @@ def zero_variance_group_fraction(rewards: torch.Tensor, group_index: GroupIndex)
 # Loss aggregation
 # --------------------------------------------------------------------------------------------
 
-LOSS_AGGREGATIONS = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-
 
 def aggregate_loss(
     loss_mat: torch.Tensor,
@@ -644,9 +647,6 @@ def aggregate_loss(
 # KL to the reference policy
 # --------------------------------------------------------------------------------------------
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
-_KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
-
 
 def kl_estimate(kind: str, logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from samples of the policy.
@@ -658,7 +658,7 @@ def kl_estimate(kind: str, logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -
     verl's ``low_var_kl``). Aliases: ``kl``, ``mse``, ``low_var_kl``. Gradients flow through
     ``logprobs`` (the reference is treated as fixed).
     """
-    kind = _KL_ALIASES.get(kind, kind)
+    kind = KL_ALIASES.get(kind, kind)
     log_ratio = logprobs - ref_logprobs.detach()
     if kind == "k1":
         return log_ratio
@@ -670,7 +670,7 @@ def kl_estimate(kind: str, logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -
         # Clamp before exp: a token the reference finds vastly less likely must not overflow.
         neg = (-log_ratio).clamp(min=-20.0, max=20.0)
         return (torch.exp(neg) - 1.0 - neg).clamp(min=-10.0, max=10.0)
-    known = ", ".join(KL_ESTIMATORS + tuple(_KL_ALIASES))
+    known = ", ".join(KL_ESTIMATORS + tuple(KL_ALIASES))
     raise ValueError(f"unknown KL estimator {kind!r}; known: {known}")
 
 
@@ -774,8 +774,6 @@ def token_logprobs_from_logits(
 # --------------------------------------------------------------------------------------------
 # Policy and value losses
 # --------------------------------------------------------------------------------------------
-
-POLICY_LOSSES = ("ppo", "vanilla_pg")
 
 
 def policy_loss(
@@ -914,152 +912,8 @@ def value_loss(
 
 
 # --------------------------------------------------------------------------------------------
-# Algorithm configuration and the combined actor loss
+# The combined actor loss (the config itself: training.algorithm_config)
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    """The algorithm knobs of a run, with presets for the named algorithms.
-
-    ``kl_coef > 0`` with ``kl_in_reward=False`` adds ``kl_coef * KL`` to the loss (GRPO
-    style); with ``kl_in_reward=True`` the loop calls ``apply_kl_in_reward`` before the
-    advantages (PPO/REINFORCE++ style). ``entropy_coef > 0`` subtracts
-    ``entropy_coef * entropy`` from the loss (a bonus for keeping the policy spread out).
-    """
-
-    advantage_estimator: str = "grpo"
-    norm_by_std: bool = True
-    policy_loss: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    loss_aggregation: str = "token-mean"
-    constant_normalizer: float | None = None
-    filter_zero_variance_groups: bool = False
-    kl_estimator: str = "k3"
-    kl_coef: float = 0.0
-    kl_in_reward: bool = False
-    entropy_coef: float = 0.0
-    gamma: float = 1.0
-    lam: float = 1.0
-    value_clip: float | None = 0.2
-    value_loss_coef: float = 0.5
-    epsilon: float = 1e-6
-
-    def __post_init__(self) -> None:
-        errors = self.validation_errors()
-        if errors:
-            raise ValueError("invalid algorithm config: " + "; ".join(errors))
-
-    def validation_errors(self) -> list[str]:
-        errors = []
-        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-            errors.append(
-                f"advantage_estimator: unknown {self.advantage_estimator!r} "
-                f"(known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))})"
-            )
-        if self.policy_loss not in POLICY_LOSSES:
-            errors.append(f"policy_loss: unknown {self.policy_loss!r}")
-        if self.loss_aggregation not in LOSS_AGGREGATIONS:
-            errors.append(
-                f"loss_aggregation: unknown {self.loss_aggregation!r} "
-                f"(known: {', '.join(LOSS_AGGREGATIONS)})"
-            )
-        if _KL_ALIASES.get(self.kl_estimator, self.kl_estimator) not in KL_ESTIMATORS:
-            errors.append(f"kl_estimator: unknown {self.kl_estimator!r}")
-        if not 0 <= self.clip_low < 1:
-            errors.append(f"clip_low: must be in [0, 1), got {self.clip_low}")
-        if self.clip_high < 0:
-            errors.append(f"clip_high: must be >= 0, got {self.clip_high}")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            errors.append(f"dual_clip: must be > 1 or null, got {self.dual_clip}")
-        if self.constant_normalizer is not None and self.constant_normalizer <= 0:
-            errors.append(f"constant_normalizer: must be > 0, got {self.constant_normalizer}")
-        if self.kl_coef < 0:
-            errors.append(f"kl_coef: must be >= 0, got {self.kl_coef}")
-        if self.entropy_coef < 0:
-            errors.append(f"entropy_coef: must be >= 0, got {self.entropy_coef}")
-        if not 0 <= self.gamma <= 1:
-            errors.append(f"gamma: must be in [0, 1], got {self.gamma}")
-        if not 0 <= self.lam <= 1:
-            errors.append(f"lam: must be in [0, 1], got {self.lam}")
-        if self.value_clip is not None and self.value_clip < 0:
-            errors.append(f"value_clip: must be >= 0 or null, got {self.value_clip}")
-        if self.value_loss_coef < 0:
-            errors.append(f"value_loss_coef: must be >= 0, got {self.value_loss_coef}")
-        return errors
-
-    @property
-    def needs_value_head(self) -> bool:
-        return self.advantage_estimator == "gae"
-
-    @property
-    def needs_groups(self) -> bool:
-        return self.advantage_estimator not in ("gae", "reinforce_plus_plus")
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> AlgorithmConfig:
-        """The defaults of a named algorithm (``ALGORITHM_PRESETS``), with overrides."""
-        try:
-            base = ALGORITHM_PRESETS[name]
-        except KeyError:
-            known = ", ".join(sorted(ALGORITHM_PRESETS))
-            raise ValueError(f"unknown algorithm {name!r}; known: {known}") from None
-        return cls.from_dict({**base, **overrides})
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AlgorithmConfig:
-        """Builds from a plain dict; an ``algorithm`` key picks a preset first. Unknown keys and
-        bad values raise ``ValueError`` naming each field."""
-        data = dict(data)
-        name = data.pop("algorithm", None)
-        if name is not None:
-            return cls.preset(str(name), **data)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"invalid algorithm config: unknown field(s) {', '.join(unknown)}")
-        return cls(**data)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# Defaults that match what users of verl/TRL/DAPO expect from each name.
-ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": {"advantage_estimator": "grpo", "loss_aggregation": "seq-mean-token-mean"},
-    "dr_grpo": {
-        "advantage_estimator": "dr_grpo",
-        "norm_by_std": False,
-        "loss_aggregation": "seq-mean-token-sum-norm",
-    },
-    "dapo": {
-        "advantage_estimator": "dapo",
-        "clip_low": 0.2,
-        "clip_high": 0.28,
-        "loss_aggregation": "token-mean",
-        "filter_zero_variance_groups": True,
-    },
-    "ppo": {
-        "advantage_estimator": "gae",
-        "loss_aggregation": "token-mean",
-        "kl_estimator": "k1",
-        "kl_in_reward": True,
-        "lam": 0.95,
-    },
-    "rloo": {"advantage_estimator": "rloo", "loss_aggregation": "token-mean"},
-    "reinforce_plus_plus": {
-        "advantage_estimator": "reinforce_plus_plus",
-        "loss_aggregation": "token-mean",
-        "kl_estimator": "k1",
-        "kl_in_reward": True,
-    },
-    "reinforce_plus_plus_baseline": {
-        "advantage_estimator": "reinforce_plus_plus_baseline",
-        "loss_aggregation": "token-mean",
-    },
-}
 
 
 def actor_loss(

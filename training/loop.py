@@ -52,6 +52,7 @@ from training.control import Control, ControlDecision, Overrides
 from training.metrics import CollapseDetector, SampleRecord, eval_metrics, sample_metrics
 from training.sink import NullSink, QueueingSink, Sink
 from training.spec import DomainSpec, RunSpec
+from training.tasks import HELD_OUT, TRAIN, task_problem, with_engine_prompt
 from training.threads import set_cpu_threads
 
 __all__ = ["DomainMixSampler", "RunOutcome", "load_tasks", "mix_counts", "run"]
@@ -74,7 +75,9 @@ class RunOutcome:
 # ------------------------------------------------------------------------------ tasks
 
 
-def _read_jsonl(path: str) -> list[dict[str, Any]]:
+def _read_jsonl(path: str, split: str) -> list[dict[str, Any]]:
+    """The tasks of ``split`` in a JSONL file: every line is checked against the task shape
+    (`training.tasks`); a task naming another split is left out."""
     tasks = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
@@ -84,28 +87,31 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
                 task = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
-            if not isinstance(task, dict) or not isinstance(task.get("prompt"), str):
-                raise ValueError(f"{path}:{number}: a task needs a string 'prompt'")
-            tasks.append(task)
+            problem = task_problem(task)
+            if problem is not None:
+                raise ValueError(f"{path}:{number}: {problem}")
+            if task.get("split", split) == split:
+                tasks.append(task)
     if not tasks:
-        raise ValueError(f"{path}: no tasks")
+        raise ValueError(f"{path}: no {split} tasks")
     return tasks
 
 
 def _from_source(domain: DomainSpec, source: dict[str, Any], split: str) -> list[dict[str, Any]]:
     if source["kind"] == "jsonl":
-        return _read_jsonl(source["path"])
+        return _read_jsonl(source["path"], split)
     from training.demo.domains import get_domain
 
-    demo = get_domain(source.get("domain", domain.name))
-    default_n = 256 if split == "train" else 64
-    return demo.make_tasks(int(source.get("n", default_n)), int(source.get("seed", 0)), split)
+    demo = get_domain(source.get("domain") or domain.name)
+    n = source.get("n") or (256 if split == TRAIN else 64)
+    return demo.make_tasks(int(n), int(source.get("seed", 0)), split)
 
 
-def load_tasks(domain: DomainSpec, split: str = "train") -> list[dict[str, Any]]:
-    """The domain's training tasks, or its held-out ones (``split="test"``: ``eval_tasks``,
-    ``eval_source``, else the demo source's test split, else none)."""
-    if split == "train":
+def load_tasks(domain: DomainSpec, split: str = TRAIN) -> list[dict[str, Any]]:
+    """The domain's training tasks, or its held-out ones (``split="held_out"``: ``eval_tasks``,
+    ``eval_source``, else the demo source's held-out split, else none). Tasks are as given:
+    `training.tasks.with_engine_prompt` renders a messages-only task's prompt."""
+    if split == TRAIN:
         if domain.tasks is not None:
             return list(domain.tasks)
         assert domain.task_source is not None
@@ -113,14 +119,14 @@ def load_tasks(domain: DomainSpec, split: str = "train") -> list[dict[str, Any]]
     if domain.eval_tasks is not None:
         return list(domain.eval_tasks)
     if domain.eval_source is not None:
-        return _from_source(domain, domain.eval_source, source_split(domain.eval_source, "test"))
+        return _from_source(domain, domain.eval_source, source_split(domain.eval_source, HELD_OUT))
     if domain.task_source is not None and domain.task_source.get("kind") == "demo":
-        return _from_source(domain, {**domain.task_source, "split": "test"}, "test")
+        return _from_source(domain, {**domain.task_source, "split": HELD_OUT}, HELD_OUT)
     return []
 
 
-def source_split(source: dict[str, Any], default: str = "train") -> str:
-    return str(source.get("split", default))
+def source_split(source: dict[str, Any], default: str = TRAIN) -> str:
+    return str(source.get("split") or default)
 
 
 # ------------------------------------------------------------------------------ mixing
@@ -218,7 +224,8 @@ def _dist() -> Any:
     return dist
 
 
-def _broadcast(value: Any, rank: int, world: int) -> Any:
+def _broadcast_from_rank0(value: Any, rank: int, world: int) -> Any:
+    """Rank 0's ``value`` on every rank (torch.distributed; not the console's broadcasts)."""
     if world == 1:
         return value
     holder = [value if rank == 0 else None]
@@ -239,7 +246,7 @@ def _seed_for(*parts: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def _rubric_version(rubric_spec: dict[str, Any]) -> str:
+def _rubric_digest(rubric_spec: dict[str, Any]) -> str:
     canonical = json.dumps(rubric_spec, sort_keys=True, separators=(",", ":"))
     return f"{rubric_spec.get('version', 0)}:{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
@@ -302,13 +309,15 @@ class _Run:
         self.engine = make_engine(spec.rollout_engine_config(), self.model_dir)
         self.tokenizer = self.trainer.tokenizer
         self.rubrics = {d.name: Rubric.from_spec(d.rubric_spec) for d in spec.domains}
-        self.rubric_versions = {d.name: _rubric_version(d.rubric_spec) for d in spec.domains}
+        self.rubric_digests = {d.name: _rubric_digest(d.rubric_spec) for d in spec.domains}
         self.domains = {d.name: d for d in spec.domains}
-        self.sampler = DomainMixSampler({d.name: load_tasks(d) for d in spec.domains}, spec.seed)
+        self.sampler = DomainMixSampler(
+            {d.name: self.engine_tasks(load_tasks(d)) for d in spec.domains}, spec.seed
+        )
         empty = [name for name, tasks in self.sampler.tasks.items() if not tasks]
         if empty:
             raise ValueError(f"domains without training tasks: {', '.join(empty)}")
-        self.eval_tasks = {d.name: load_tasks(d, "test") for d in spec.domains}
+        self.eval_tasks = {d.name: self.engine_tasks(load_tasks(d, HELD_OUT)) for d in spec.domains}
         self.weights = spec.domain_weights
         self.kl_coef = spec.kl_coef
         self.temperature = spec.sampling.temperature
@@ -317,6 +326,11 @@ class _Run:
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.last_checkpoint: str | None = None
         self.collapse = CollapseDetector()
+
+    def engine_tasks(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each task with the prompt text the engine is given (a messages-only task's chat,
+        rendered once by the model's chat template)."""
+        return [with_engine_prompt(task, self.tokenizer) for task in tasks]
 
     # -------------------------------------------------------------- state
 
@@ -857,13 +871,13 @@ class _Run:
         one definition (a drifted key fails here, in tests, not in a consumer)."""
         from training.trajectory import Trajectory
 
-        messages = s.messages or [
+        asked = s.task.get("messages") or [
             {
                 "role": "user",
                 "content": s.task.get("metadata", {}).get("question", s.task["prompt"]),
-            },
-            {"role": "assistant", "content": s.text},
+            }
         ]
+        messages = s.messages or [*asked, {"role": "assistant", "content": s.text}]
         return Trajectory.from_dict(
             {
                 "messages": messages,
@@ -880,7 +894,8 @@ class _Run:
                     "policy_version": s.policy_version,
                     "domain": s.domain,
                     "group": s.group,
-                    "rubric_version": self.rubric_versions[s.domain],
+                    "rubric_digest": self.rubric_digests[s.domain],
+                    "rubric_version": self.domains[s.domain].rubric_version,
                     "sandbox_image": s.sandbox_image or self.domains[s.domain].sandbox_image,
                 },
             }
@@ -995,7 +1010,7 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
             state.evaluate()
         last: dict[str, float] = {}
         while state.step < spec.max_steps:
-            decision = _broadcast(
+            decision = _broadcast_from_rank0(
                 control.poll(state.step) if state.rank == 0 else None, state.rank, state.world
             )
             assert isinstance(decision, ControlDecision)

@@ -387,7 +387,7 @@ def evaluate_exact(model: Any, tokenizer: Any, n_per_domain: int, seed: int) -> 
     """
     scores: dict[str, float] = {}
     for domain in demo_domains(include_tool_use=True):
-        drafts = domain._drafts(n_per_domain, seed + 1, "test")
+        drafts = domain._drafts(n_per_domain, seed + 1, "held_out")
         prompts = [domain._task(d)["prompt"] for d in drafts]
         expected = [d.reference.split(END)[0] for d in drafts]
         completions = greedy_complete(model, tokenizer, prompts, domain.max_new_tokens)

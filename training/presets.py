@@ -3,7 +3,7 @@ the console's demo launch start from.
 
 ``learning_run_dict(domain, algorithm=..., seed=..., steps=...)`` returns a plain run-spec dict
 (``RunSpec.from_dict`` takes it) for one demo domain: the domain's train tasks, a held-out set
-from its test split (balanced by answer where the answers are a few labels, so a policy that
+from its held-out split (balanced by answer where the answers are a few labels, so a policy that
 gives one answer to everything scores exactly chance), the domain's rubric, and the settings
 measured to learn on every seed (``bench/README.md``, "Learning").
 """
@@ -18,9 +18,9 @@ HELD_OUT_TASKS = 64
 
 
 def balanced_held_out(domain: Any, n: int) -> list[dict[str, Any]]:
-    """``n`` test-split tasks; for a domain with few distinct answers (parity), as many of each
+    """``n`` held-out tasks; for a domain with few distinct answers (parity), as many of each
     answer, so a constant policy scores exactly the chance level."""
-    tasks = domain.make_tasks(4 * n, seed=0, split="test")
+    tasks = domain.make_tasks(4 * n, seed=0, split="held_out")
     answers = sorted({str(t["ground_truth"]) for t in tasks})
     if len(answers) > 4:
         return tasks[:n]

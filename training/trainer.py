@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 import os
 import socket
@@ -324,7 +323,7 @@ class Trainer:
             # One constant for the whole mini-batch (its longest response), never a
             # micro-batch's own padded width: that would weigh a token by the micro-batch it
             # landed in. A run passes its generation budget instead (RunSpec.algorithm_config).
-            algorithm = dataclasses.replace(algorithm, constant_normalizer=float(most[1].item()))
+            algorithm = algorithm.model_copy(update={"constant_normalizer": float(most[1].item())})
         global_tokens = max(float(totals[0].item()), 1.0)
         global_sequences = max(float(totals[1].item()), 1.0)
 

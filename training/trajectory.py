@@ -80,8 +80,10 @@ class Provenance(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     ``step`` counts steps completed including the one that produced the sample (1 for the
     first); ``policy_version`` is the weights version that sampled it (0 = the base model);
-    ``group`` is the prompt's index within the step (a GRPO group); ``rubric_version`` is
-    ``"<spec version>:<sha256 prefix of the canonical spec>"``.
+    ``group`` is the prompt's index within the step (a GRPO group); ``rubric_digest`` is
+    ``"<spec version>:<sha256 prefix of the canonical spec>"`` (what the rubric was, whoever
+    ran it); ``rubric_version`` is the console registry's version number of that rubric
+    (`training.spec.DomainSpec.rubric_version`; None for a run not started from the registry).
     """
 
     run: str
@@ -89,7 +91,8 @@ class Provenance(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     policy_version: int
     domain: str
     group: int
-    rubric_version: str
+    rubric_digest: str
+    rubric_version: int | None
     sandbox_image: str | None
 
 
@@ -99,7 +102,7 @@ class Trajectory(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``messages`` is the OpenAI-style chat (without tools: the user turn and the answer);
     ``prompt`` the text given to the engine; ``completion`` the final response text;
     ``observations`` one per tool call (empty without tools); ``task_id`` is the task's
-    ``metadata.task_id``, or None.
+    ``metadata.task_id`` (the console puts its registry task id there), or None.
     """
 
     messages: list[Message]

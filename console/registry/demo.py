@@ -37,11 +37,11 @@ IMAGE_LIMITS: dict[str, Any] = {
 
 
 def _taskset(domain: Any) -> bytes:
-    """The domain's tasks as JSONL, with the training library's own train/test split kept."""
+    """The domain's tasks as JSONL, with the training library's own train/held-out split kept."""
     lines = []
-    for split, count in (("train", TRAIN_TASKS), ("test", HELD_OUT_TASKS)):
+    for split, count in (("train", TRAIN_TASKS), ("held_out", HELD_OUT_TASKS)):
         for task in domain.make_tasks(count, seed=0, split=split):
-            row = {**task, "split": "train" if split == "train" else "held_out"}
+            row = {**task, "split": split}
             lines.append(json.dumps(row, ensure_ascii=False))
     return ("\n".join(lines) + "\n").encode()
 

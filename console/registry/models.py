@@ -42,6 +42,7 @@ class SandboxNetwork(models.TextChoices):
 
 
 class TaskSplit(models.TextChoices):
+    # training.tasks.SPLITS, the one vocabulary (tests/console/test_registry_tasksets.py checks).
     TRAIN = "train", "Train"
     HELD_OUT = "held_out", "Held out"
 

@@ -1,8 +1,10 @@
 """Reading a JSONL task set line by line from a file on disk, with bounded memory.
 
-Each line holds one task: `{"prompt": "...", "ground_truth": ..., "metadata": {...}}` or
-`{"messages": [{"role": "user", "content": "..."}], "ground_truth": ...}`; an optional
-`"split": "train" | "held_out"` overrides the seeded split. Blank lines are skipped.
+Each line holds one task in the training library's task shape (`training.tasks`, the one
+definition: what an upload accepts is what a run accepts): `{"prompt": "...", "ground_truth":
+..., "metadata": {...}}` or `{"messages": [{"role": "user", "content": "..."}], "ground_truth":
+...}`; an optional `"split": "train" | "held_out"` overrides the seeded split. Blank lines are
+skipped. What only the console adds: JSON depth, NUL characters, what PostgreSQL can store.
 
 Nothing here touches the database: `read_tasks` yields parsed rows and row errors in file
 order; the service decides what to store. Lines are read with a size cap, so a 10 MB line or a
@@ -15,32 +17,12 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO, Annotated, Any, Literal
+from typing import IO, Any
 
 import msgspec
-from msgspec import UNSET, UnsetType
 
 from console.registry.jsonvalues import MAX_JSON_DEPTH, nested_too_deep
-
-ALLOWED_KEYS = ("prompt", "messages", "ground_truth", "metadata", "split")
-
-
-class _Message(msgspec.Struct):
-    # Other OpenAI message fields (name, tool_calls, tool_call_id, ...) pass through unchecked.
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | None | list[Any]
-
-
-class _TaskRow(msgspec.Struct, forbid_unknown_fields=True):
-    """The shape of one line. msgspec checks it in C: a 100,000-line file costs well under a
-    second here, where a pure-Python schema check costs several."""
-
-    ground_truth: Any
-    prompt: Annotated[str, msgspec.Meta(min_length=1)] | UnsetType = UNSET
-    messages: Annotated[list[_Message], msgspec.Meta(min_length=1)] | UnsetType = UNSET
-    metadata: dict[str, Any] = {}
-    split: Literal["train", "held_out"] | UnsetType = UNSET
-
+from training.tasks import task_problem
 
 _TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
 
@@ -109,25 +91,6 @@ def held_out(seed: int, index: int, fraction: float) -> bool:
     return split_hash(seed, index) < split_threshold(fraction)
 
 
-def _describe(error: msgspec.ValidationError) -> str:
-    """msgspec's message with its `$.a.b` location turned into the `a.b: ...` form used
-    everywhere in the console."""
-    text = str(error)
-    message, _, where = text.partition(" - at `$")
-    path = where.rstrip("`").lstrip(".")
-    if message.startswith("Object contains unknown field"):
-        name = message.removeprefix("Object contains unknown field ").strip("`")
-        message = f"unknown field '{name}'; allowed fields: {', '.join(ALLOWED_KEYS)}"
-    elif message.startswith("Object missing required field"):
-        name = message.removeprefix("Object missing required field ").strip("`")
-        message = f"missing required field '{name}'"
-    elif message == "Expected `object`, got `array`" and not path:
-        message = "each line must be a JSON object, got an array"
-    elif message.startswith("Expected `object`, got") and not path:
-        message = "each line must be a JSON object" + message.removeprefix("Expected `object`")
-    return f"{path}: {message}" if path else message
-
-
 def _has_nul(value: Any) -> bool:
     if isinstance(value, str):
         return "\x00" in value
@@ -165,12 +128,9 @@ def parse_task(raw: bytes, line_number: int) -> ParsedTask | str:
         # Checked before anything recurses over the value (the schema check, the NUL scan,
         # and json.loads when the row is read back from the database).
         return _TOO_DEEP
-    try:
-        msgspec.convert(value, _TaskRow)
-    except msgspec.ValidationError as exc:
-        return _describe(exc)
-    if "prompt" not in value and "messages" not in value:
-        return 'needs a "prompt" (text) or "messages" (a list of chat messages)'
+    problem = task_problem(value)  # the training library's task shape: one for both layers
+    if problem is not None:
+        return problem
     if b"\\u0000" in raw and _has_nul(value):
         return "contains a NUL character (\\u0000), which cannot be stored"
     return ParsedTask(

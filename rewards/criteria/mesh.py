@@ -77,7 +77,7 @@ class Mesh(Criterion):
             raise CriterionError(f"mesh text larger than {limit} bytes")
         try:
             mesh = trimesh.load(io.BytesIO(data), file_type=file_type, process=True, force="mesh")
-        except Exception as exc:  # noqa: BLE001 - any parse failure is "not a mesh"
+        except Exception as exc:
             return Outcome(0.0, {"reason": f"not a {file_type.upper()} mesh: {exc}"[:300]})
         if not isinstance(mesh, trimesh.Trimesh) or len(mesh.faces) == 0:
             return Outcome(0.0, {"reason": "no faces"})

@@ -246,14 +246,14 @@ def serve(requests, replies, config):
         exec(compile(source, solution, "exec"), namespace)  # noqa: S102 - in the sandbox
         if config.get("setup"):
             exec(compile(config["setup"], "<setup>", "exec"), namespace)  # noqa: S102
-    except BaseException as exc:  # noqa: BLE001 - SystemExit too: the code did not load
+    except BaseException as exc:
         send(replies, {"load_error": describe(exc)})
         return
     if config.get("workload") is not None:
         try:
             value = eval(compile(config["workload"], "<workload>", "eval"), namespace)  # noqa: S307
             send(replies, {"value": to_wire(value)})
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             send(replies, {"error": describe(exc)})
         return
     exported = {}
@@ -330,7 +330,7 @@ def serve(requests, replies, config):
                 reply = {"ok": to_wire(next(target), handle)}
             else:
                 reply = {"raise": ["RuntimeError", f"unknown request {op!r}"]}
-        except BaseException as exc:  # noqa: BLE001 - the judge decides what it means
+        except BaseException as exc:
             reply = {"raise": [type(exc).__name__, str(exc)[:500]]}
         try:
             send(replies, reply)
@@ -425,7 +425,7 @@ def rebuilt_exception(name, message):
         return CandidateError(f"{name}: {message}")
     try:
         return cls(message)
-    except Exception:  # noqa: BLE001 - exception types with other signatures
+    except Exception:
         return CandidateError(f"{name}: {message}")
 
 
@@ -575,7 +575,7 @@ def _pytest_shim():
         return Raises(expected, match)
 
     class Approx:
-        def __init__(self, expected, rel=None, abs=None):  # noqa: A002 - pytest's names
+        def __init__(self, expected, rel=None, abs=None):
             self.expected = expected
             self.rel = 1e-6 if rel is None else rel
             self.abs = 1e-12 if abs is None else abs
@@ -615,7 +615,7 @@ def _run_item(item, namespace, judge):
         shown = right if split.get("candidate_side") == "right" else left
         try:
             got = repr(shown)[:300]
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             got = describe(exc)
         return {"passed": False, "got": got, "error": "AssertionError"}
     if item.get("source"):
@@ -670,7 +670,7 @@ def _protect_self():
     descriptors through /proc once it is non-dumpable."""
     try:
         result, errno = _prctl_without_ctypes(PR_SET_DUMPABLE, 0)
-    except Exception:  # noqa: BLE001 - the full ctypes below does the same, slower
+    except Exception:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
@@ -754,7 +754,7 @@ def judge_main():
     started = _monotonic()
     try:
         _protect_self()
-    except Exception as exc:  # noqa: BLE001 - no key yet: an unsigned refusal
+    except Exception as exc:
         sys.stderr.write(f"judge cannot protect itself: {describe(exc)}\n")
         return 3
     from _blake2 import blake2b
@@ -849,7 +849,7 @@ def _become_server(requests_read, replies_write, requests_write, replies_read):
                     pass  # the listing's own descriptor, already closed
         config = receive(requests_read)
         serve(requests_read, replies_write, config)
-    except BaseException:  # noqa: BLE001, S110 - the judge sees the pipe close
+    except BaseException:  # noqa: S110 - the judge sees the pipe close
         pass
     os._exit(0)
 
@@ -876,7 +876,7 @@ def _judge(request, judge, records):
             exec(compile(request["setup"], "<setup>", "exec"), namespace)  # noqa: S102
         except Deadline:
             raise
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             records.append({"load_error": f"the tests' setup failed: {describe(exc)}"})
             return
     for item in request["items"]:
@@ -887,7 +887,7 @@ def _judge(request, judge, records):
             record = _run_item(item, namespace, judge)
         except Deadline:
             record = {"passed": False, "error": "timed out"}
-        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the test failed
+        except BaseException as exc:
             record = {"passed": False, "error": describe(exc)}
             if judge.expired:
                 record["error"] = "timed out"
@@ -896,7 +896,7 @@ def _judge(request, judge, records):
         try:
             report = judge.ask({"op": "coverage", "ref": 0})
             records.append({"coverage": report.get("ok")})
-        except (CandidateError, Exception) as exc:  # noqa: BLE001
+        except (CandidateError, Exception) as exc:
             records.append({"coverage_error": describe(exc)})
 
 
@@ -952,7 +952,7 @@ def _own_copy(origin):
         found = __import__(module, fromlist=["_"])
         for part in qualname.split("."):
             found = getattr(found, part)
-    except Exception:  # noqa: BLE001 - not importable here: the candidate's own, by handle
+    except Exception:
         return None
     return found if callable(found) else None
 
@@ -1008,7 +1008,7 @@ def run_function(request, emit):
             emit({"error": f"returned {type(result).__name__}, not a finite number"})
             return
         emit({"score": float(result)})
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         import traceback
 
         emit({"error": describe(exc), "traceback": traceback.format_exc()[-1500:]})

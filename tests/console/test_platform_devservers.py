@@ -132,10 +132,10 @@ def test_make_demo_serves_the_console_and_stops_everything_on_ctrl_c(tmp_path):
     process, lines = _run_demo_until_ready(var_dir, port)
     try:
         assert any(line.split()[:1] == ["researcher"] for line in lines), lines
-        with urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=10) as response:  # noqa: S310
+        with urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=10) as response:
             assert response.status == 200
         with pytest.raises(HTTPError) as refused:
-            urlopen(f"http://127.0.0.1:{port}/api/me", timeout=10)  # noqa: S310
+            urlopen(f"http://127.0.0.1:{port}/api/me", timeout=10)
         assert refused.value.code == 401
         record = json.loads((var_dir / "servers.json").read_text())
         server_pids = [server["pid"] for server in record["servers"]]

@@ -8,13 +8,17 @@ import json
 
 import pytest
 
+from console.registry.models import TaskSplit
 from console.registry.tasksets import (
     ParsedTask,
     RowError,
     TasksetFileError,
     held_out,
+    parse_task,
     read_tasks,
 )
+from training.spec import RunSpec, SpecError
+from training.tasks import SPLITS, task_problem
 
 
 def read(data: bytes, max_line_bytes: int = 10_000) -> list[tuple[int, ParsedTask | RowError]]:
@@ -143,3 +147,50 @@ def test_the_split_is_seeded_and_close_to_the_fraction() -> None:
     assert 0.17 < sum(first) / 5000 < 0.23
     assert not any(held_out(1, i, 0) for i in range(100))
     assert all(held_out(1, i, 1) for i in range(100))
+
+
+def test_an_upload_accepts_exactly_the_tasks_a_run_accepts() -> None:
+    # One task shape (training.tasks): the registry's line check and the run spec's task check
+    # agree on every case, accepted and refused, and both name the same problem.
+    cases = [
+        {"prompt": "p", "ground_truth": 1},
+        {"messages": [{"role": "user", "content": "hi"}], "ground_truth": None},
+        {"prompt": "p", "ground_truth": 1, "metadata": {"task_id": 3}, "split": "held_out"},
+        {"messages": [{"role": "system", "content": None}], "ground_truth": [1, 2]},
+        {"prompt": "p"},
+        {"ground_truth": 1},
+        {"prompt": "", "ground_truth": 1},
+        {"messages": [], "ground_truth": 1},
+        {"messages": [{"content": "x"}], "ground_truth": 1},
+        {"prompt": "p", "ground_truth": 1, "split": "test"},
+        {"prompt": "p", "ground_truth": 1, "extra": 1},
+        {"prompt": 5, "ground_truth": 1},
+        {"prompt": "p", "ground_truth": 1, "metadata": []},
+    ]
+    rubric = {"version": 1, "criteria": [{"name": "c", "kind": "exact_match"}]}
+    for task in cases:
+        parsed = parse_task(json.dumps(task).encode(), 1)
+        spec = {
+            "base_model": "demo",
+            "domains": [{"name": "a", "rubric_spec": rubric, "tasks": [task]}],
+        }
+        try:
+            RunSpec.from_dict(spec)
+            run_refuses = None
+        except SpecError as refused:
+            run_refuses = refused.errors
+        if isinstance(parsed, ParsedTask):
+            assert run_refuses is None, (task, run_refuses)
+            assert task_problem(task) is None
+        else:
+            assert run_refuses is not None and len(run_refuses) == 1, (task, parsed)
+            where = "domains[0].tasks[0]"
+            assert run_refuses[0] in (f"{where}.{parsed}", f"{where}: {parsed}"), (
+                run_refuses,
+                parsed,
+            )
+            assert task_problem(task) == parsed
+
+
+def test_the_registry_splits_are_the_training_splits() -> None:
+    assert tuple(TaskSplit.values) == SPLITS

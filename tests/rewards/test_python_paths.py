@@ -100,7 +100,7 @@ def code(text: str) -> str:
 
 
 def zygotes_opened(rubric: Rubric) -> int:
-    pool = rubric._sandboxes.zygotes() if rubric._sandboxes is not None else None  # noqa: SLF001
+    pool = rubric._sandboxes.zygotes() if rubric._sandboxes is not None else None
     assert pool is not None
     return pool.opened
 
@@ -114,8 +114,8 @@ def test_the_switch_is_validated():
 def test_the_fresh_sandbox_path_opens_no_zygote():
     with unit_tests_rubric("fresh_sandbox") as rubric:
         assert rubric.score(sample(code(HONEST), ASSERTS)).total == 1.0
-        assert rubric._sandboxes is not None  # noqa: SLF001
-        assert rubric._sandboxes.zygotes() is None  # noqa: SLF001
+        assert rubric._sandboxes is not None
+        assert rubric._sandboxes.zygotes() is None
 
 
 @pytest.mark.slow
@@ -209,8 +209,8 @@ def test_without_a_zygote_python_runs_take_the_fresh_sandbox_path(monkeypatch):
     with unit_tests_rubric("zygote") as rubric:
         results = [rubric.score(sample(code(text), ASSERTS)) for text in (HONEST, SPY)]
         assert [r.total for r in results] == [1.0, 1.0], results[0].details
-        assert rubric._sandboxes is not None  # noqa: SLF001
-        assert rubric._sandboxes.zygotes() is None  # noqa: SLF001
+        assert rubric._sandboxes is not None
+        assert rubric._sandboxes.zygotes() is None
 
 
 @pytest.mark.slow

@@ -70,8 +70,8 @@ def test_every_layer_agrees_on_the_bounds(name: str, value: float, accepted: boo
         # What the rubric validated, its code criteria's sandbox spec takes as it is.
         rubric = Rubric.from_spec(rubric_spec({name: value}))
         try:
-            assert rubric._sandboxes is not None  # noqa: SLF001
-            assert getattr(rubric._sandboxes.spec(), name) == value  # noqa: SLF001
+            assert rubric._sandboxes is not None
+            assert getattr(rubric._sandboxes.spec(), name) == value
         finally:
             rubric.close()
 
@@ -80,8 +80,8 @@ def test_a_whole_number_written_as_a_float_still_starts() -> None:
     # JSON Schema counts 64.0 as an integer; the sandbox spec must get the int, not a refusal.
     rubric = Rubric.from_spec(rubric_spec({"pids": 64.0, "memory_mb": 256.0}))
     try:
-        assert rubric._sandboxes is not None  # noqa: SLF001
-        spec = rubric._sandboxes.spec()  # noqa: SLF001
+        assert rubric._sandboxes is not None
+        spec = rubric._sandboxes.spec()
         assert (spec.pids, spec.memory_mb) == (64, 256)
         assert isinstance(spec.pids, int)
     finally:

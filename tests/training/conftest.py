@@ -88,7 +88,7 @@ def tiny_spec(model_dir: Path, tmp_path: Path, **changes: Any) -> dict[str, Any]
                 "weight": 1.0,
                 "rubric_spec": TINY_RUBRIC,
                 "tasks": arithmetic.make_tasks(12, seed=0, split="train"),
-                "eval_tasks": arithmetic.make_tasks(4, seed=0, split="test"),
+                "eval_tasks": arithmetic.make_tasks(4, seed=0, split="held_out"),
             },
             {
                 "name": "arith_b",

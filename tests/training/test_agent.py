@@ -188,7 +188,7 @@ def test_episodes_are_batched_and_bounded_by_the_pool(pool):
 
 def test_the_token_budget_ends_long_episodes(demo_model_dir, pool):  # noqa: F811
     engine = HFEngine(demo_model_dir)
-    task = get_domain("tool_calc").make_tasks(1, seed=0, split="test")[0]
+    task = get_domain("tool_calc").make_tasks(1, seed=0, split="held_out")[0]
     prompt_tokens = len(engine.tokenizer(task["prompt"])["input_ids"])
     config = AgentConfig(max_total_tokens=prompt_tokens + 4, sandbox=FAST.sandbox)
     [episode] = run_episodes(engine, [task], SamplingConfig(temperature=0), config, pool)
@@ -198,7 +198,7 @@ def test_the_token_budget_ends_long_episodes(demo_model_dir, pool):  # noqa: F81
 
 def test_the_demo_model_calls_the_python_tool_and_answers(demo_model_dir, pool):  # noqa: F811
     engine = HFEngine(demo_model_dir)
-    tasks = get_domain("tool_calc").make_tasks(4, seed=0, split="test")
+    tasks = get_domain("tool_calc").make_tasks(4, seed=0, split="held_out")
     episodes = run_episodes(
         engine, tasks, SamplingConfig(temperature=0), AgentConfig(sandbox=FAST.sandbox), pool
     )
@@ -219,7 +219,7 @@ def test_a_multi_turn_episode_is_one_token_sequence_with_tool_turns_masked(
     pool,
 ):
     engine = HFEngine(demo_model_dir)
-    tasks = get_domain("tool_calc").make_tasks(2, seed=1, split="test")
+    tasks = get_domain("tool_calc").make_tasks(2, seed=1, split="held_out")
     episodes = run_episodes(
         engine, tasks, SamplingConfig(temperature=0), AgentConfig(sandbox=FAST.sandbox), pool
     )

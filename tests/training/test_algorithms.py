@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from training.algorithm_config import ADVANTAGE_ESTIMATOR_NAMES
 from training.algorithms import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHM_PRESETS,
@@ -650,7 +651,13 @@ def test_config_errors_name_every_bad_field():
     message = str(excinfo.value)
     for field in ("advantage_estimator", "clip_low", "loss_aggregation"):
         assert field in message
-    with pytest.raises(ValueError, match="unknown field.*colour"):
+    with pytest.raises(ValueError, match="colour: unknown field"):
         AlgorithmConfig.from_dict({"colour": "red"})
     with pytest.raises(ValueError, match="unknown algorithm 'ppo3'"):
         AlgorithmConfig.preset("ppo3")
+
+
+def test_the_torch_free_config_knows_every_registered_estimator():
+    # training.algorithm_config validates names without importing torch; the registry and its
+    # list of names must agree or a spec could name an estimator that does not exist.
+    assert set(ADVANTAGE_ESTIMATORS) == ADVANTAGE_ESTIMATOR_NAMES

@@ -66,7 +66,7 @@ def test_an_invalid_spec_exits_2_naming_the_field(tmp_path):
     result = run_cli("run", spec_path, timeout=120)
     assert result.returncode == 2
     assert "lr: must be a finite number" in result.stderr
-    assert "domains: required" in result.stderr
+    assert "domains: must not be empty" in result.stderr
 
 
 def test_example_spec_is_a_valid_spec():

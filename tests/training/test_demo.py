@@ -41,7 +41,7 @@ def test_tasks_are_deterministic_in_seed_and_differ_across_seeds(domain):
 @pytest.mark.parametrize("domain", ALL_DOMAINS, ids=lambda d: d.name)
 def test_held_out_tasks_never_appear_in_the_train_split(domain):
     train = {t["metadata"]["task_id"] for t in domain.make_tasks(400, seed=0, split="train")}
-    test = {t["metadata"]["task_id"] for t in domain.make_tasks(100, seed=0, split="test")}
+    test = {t["metadata"]["task_id"] for t in domain.make_tasks(100, seed=0, split="held_out")}
     assert train and test
     assert not train & test
 
@@ -69,7 +69,7 @@ def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain, cl
     rubric = rewards.Rubric.from_spec(domain.rubric_spec)
     # Code rubrics hold zygote sandboxes until closed.
     closing.append(rubric)
-    tasks = domain.make_tasks(3, seed=1, split="test")
+    tasks = domain.make_tasks(3, seed=1, split="held_out")
     references = [_final_answer(c) for _, c in domain.reference_completions(3, seed=1)]
     # References come from the train split; score them against their own tasks.
     train_tasks = domain.make_tasks(3, seed=1, split="train")
@@ -122,7 +122,7 @@ def test_warm_up_demonstrations_are_the_references_except_where_a_domain_guesses
 
 
 def test_json_answer_is_valid_json_with_the_right_total():
-    task = get_domain("json_format").make_tasks(1, seed=0, split="test")[0]
+    task = get_domain("json_format").make_tasks(1, seed=0, split="held_out")[0]
     answer = json.loads(task["ground_truth"])
     assert answer["total"] == answer["first"] + answer["second"]
     assert f"{answer['first']} " in task["metadata"]["question"]

@@ -101,7 +101,8 @@ def test_a_run_resumed_after_preemption_matches_an_uninterrupted_one(tiny_model_
     provenance = trajectory["provenance"]
     assert provenance["run"] == "tiny" and provenance["step"] == 4
     assert provenance["policy_version"] == 3  # sampled before the fourth update
-    assert provenance["rubric_version"].startswith("1:")
+    assert provenance["rubric_digest"].startswith("1:")
+    assert provenance["rubric_version"] is None  # a CLI run: no registry version
     assert set(trajectory["reward"]["breakdown"]) == {"correct", "digit"}
     assert len(straight.trajectory_items) == 4 * 4 * 2  # steps x prompts x group size
     metrics = straight.metrics_at(2)

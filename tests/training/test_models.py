@@ -89,7 +89,7 @@ def test_the_base_solves_some_held_out_tasks_but_not_all(demo_model_dir, closing
     engine = HFEngine(demo_model_dir)
     means = {}
     for domain in demo_domains():
-        tasks = domain.make_tasks(16, seed=5, split="test")
+        tasks = domain.make_tasks(16, seed=5, split="held_out")
         outputs = engine.generate(
             [t["prompt"] for t in tasks],
             SamplingConfig(temperature=0, max_new_tokens=domain.max_new_tokens),

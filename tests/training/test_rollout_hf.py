@@ -25,8 +25,8 @@ def engine(demo_model_dir):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def prompts():
-    tasks = get_domain("arithmetic").make_tasks(3, seed=0, split="test")
-    tasks += get_domain("code").make_tasks(2, seed=0, split="test")
+    tasks = get_domain("arithmetic").make_tasks(3, seed=0, split="held_out")
+    tasks += get_domain("code").make_tasks(2, seed=0, split="held_out")
     return [t["prompt"] for t in tasks]
 
 

@@ -47,7 +47,7 @@ def hf_engine(demo_model_dir):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def prompts():
-    return [t["prompt"] for d in demo_domains() for t in d.make_tasks(3, seed=2, split="test")]
+    return [t["prompt"] for d in demo_domains() for t in d.make_tasks(3, seed=2, split="held_out")]
 
 
 GREEDY = SamplingConfig(temperature=0, max_new_tokens=24)
@@ -162,7 +162,7 @@ def test_nccl_weight_sync_matches_transformers_on_a_gpu(demo_model_dir):  # noqa
         trained = {n: t * 1.01 for n, t in reference.model.state_dict().items()}
         engine.update_weights(trained.items(), version=1)
         reference.update_weights(trained.items(), version=1)
-        prompts = [t["prompt"] for t in demo_domains()[0].make_tasks(4, seed=0, split="test")]
+        prompts = [t["prompt"] for t in demo_domains()[0].make_tasks(4, seed=0, split="held_out")]
         assert _tokens(engine.generate(prompts, GREEDY)) == _tokens(
             reference.generate(prompts, GREEDY)
         )

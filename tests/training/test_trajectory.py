@@ -54,7 +54,8 @@ def _tool_use_trajectory() -> dict[str, Any]:
             "policy_version": 0,
             "domain": "arithmetic",
             "group": 0,
-            "rubric_version": "1:abc123",
+            "rubric_digest": "1:abc123",
+            "rubric_version": 4,
             "sandbox_image": None,
         },
     }

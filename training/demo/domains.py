@@ -1,7 +1,7 @@
 """Demo domains: small task families a model of a few million parameters can learn.
 
 Each domain generates tasks deterministically from a seed, splits them into disjoint ``train``
-and ``test`` (held-out) sets by a hash of the task's identity, carries a rubric spec for the
+and ``held_out`` sets by a hash of the task's identity, carries a rubric spec for the
 rewards library, and writes reference completions for the supervised warm-up of the demo model.
 
 - ``arithmetic`` — two-digit addition and subtraction, answer in ``\\boxed{}`` (math criterion).
@@ -34,15 +34,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training.demo.chat import END, render_turn, user_prompt
+from training.tasks import HELD_OUT, SPLITS, TRAIN
 
-SPLITS = ("train", "test")
 # One task identity in this many is held out for evaluation.
 _HELD_OUT_ONE_IN = 5
+# The split's word in the seed of each draw. The held-out split was called "test" when the demo
+# model was built and the learning runs measured; the seed keeps that word so that every draw
+# (and so every measured result) stays the same. It is not a split name: SPLITS is.
+_DRAW_SEED_WORD = {TRAIN: "train", HELD_OUT: "test"}
 
 
 def _split_of(domain: str, key: str) -> str:
     digest = hashlib.sha256(f"{domain}:{key}".encode()).digest()
-    return "test" if digest[0] % _HELD_OUT_ONE_IN == 0 else "train"
+    return HELD_OUT if digest[0] % _HELD_OUT_ONE_IN == 0 else TRAIN
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class DemoDomain:
     warmup_weight: float = 1.0
 
     def make_tasks(self, n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
-        """``n`` tasks of ``split`` ("train" or "test"); the two splits never share a task."""
+        """``n`` tasks of ``split`` ("train" or "held_out"); the two splits never share a task."""
         return [self._task(draft) for draft in self._drafts(n, seed, split)]
 
     def reference_completions(self, n: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -102,7 +106,7 @@ class DemoDomain:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if n < 0:
             raise ValueError(f"n must be ≥ 0, got {n}")
-        rng = random.Random(f"{self.name}:{split}:{seed}")
+        rng = random.Random(f"{self.name}:{_DRAW_SEED_WORD[split]}:{seed}")
         drafts: list[_Draft] = []
         attempts = 0
         while len(drafts) < n:

@@ -7,28 +7,34 @@ policy version that produced each one. ``update_weights`` loads new tensors into
 engine without a restart and bumps the version, so a trajectory always says which weights made
 it.
 
-Engine options (``RolloutEngineConfig``) mirror vLLM's names so a spec written for a GPU host
-reads the same on a CPU box; an option the platform cannot honour is refused with a message
-naming it (``EngineOptionError``), never silently dropped.
+Engine options (``RolloutEngineConfig``, defined without torch in ``training.rollout_config``)
+mirror vLLM's names so a spec written for a GPU host reads the same on a CPU box; an option
+the platform cannot honour is refused with a message naming it (``EngineOptionError``), never
+silently dropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from training.rollout_config import EngineOptionError, RolloutEngineConfig
+
+__all__ = [
+    "EngineOptionError",
+    "FinishReason",
+    "RolloutEngine",
+    "RolloutEngineConfig",
+    "RolloutOutput",
+    "SamplingConfig",
+    "make_engine",
+]
+
 FinishReason = Literal["stop", "length"]
-ENGINES = ("hf", "vllm")
-WEIGHT_SYNC_MODES = ("inprocess", "nccl")
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-class EngineOptionError(ValueError):
-    """An engine option is invalid or the platform cannot honour it."""
 
 
 @dataclass(frozen=True)
@@ -98,93 +104,6 @@ class RolloutEngine(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class RolloutEngineConfig:
-    """Which engine, and the options that matter for long contexts and speed.
-
-    ``None`` means "the engine's default". ``speculative`` is vLLM's ``speculative_config``
-    dict (for example ``{"method": "ngram", "num_speculative_tokens": 4,
-    "prompt_lookup_max": 4}``); ``quantization`` is vLLM's method name (``"fp8"``, ``"awq"``,
-    ...). ``weight_sync`` picks how trained weights reach the engine: ``inprocess`` (same
-    process, one host) or ``nccl`` (broadcast from the trainer's rank 0 to the engine's GPUs
-    through vLLM's weight-transfer engine; GPU only). ``extra`` is passed to the engine's
-    constructor unchanged, for options not named here.
-    """
-
-    engine: str = "hf"
-    dtype: str = "float32"
-    max_model_len: int | None = None
-    enable_chunked_prefill: bool | None = None
-    enable_prefix_caching: bool | None = None
-    kv_cache_dtype: str = "auto"
-    max_num_batched_tokens: int | None = None
-    speculative: dict[str, Any] | None = None
-    quantization: str | None = None
-    gpu_memory_utilization: float = 0.2
-    weight_sync: str = "inprocess"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        problems = validate_engine_config_fields(asdict(self))
-        if problems:
-            raise EngineOptionError("; ".join(problems))
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RolloutEngineConfig:
-        """Build from a spec dict; unknown keys and bad values are named in one error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        problems = [f"{key}: unknown rollout engine option" for key in unknown]
-        problems += validate_engine_config_fields(
-            {key: value for key, value in data.items() if key in known}
-        )
-        if problems:
-            raise EngineOptionError("; ".join(problems))
-        return cls(**dict(data))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def validate_engine_config_fields(data: Mapping[str, Any]) -> list[str]:
-    """Each problem as ``"field: message"`` (every one, not just the first)."""
-    problems = []
-    if "engine" in data and data["engine"] not in ENGINES:
-        problems.append(f"engine: must be one of {list(ENGINES)}, got {data['engine']!r}")
-    if "dtype" in data and data["dtype"] not in DTYPES:
-        problems.append(f"dtype: must be one of {list(DTYPES)}, got {data['dtype']!r}")
-    if "weight_sync" in data and data["weight_sync"] not in WEIGHT_SYNC_MODES:
-        problems.append(
-            f"weight_sync: must be one of {list(WEIGHT_SYNC_MODES)}, got {data['weight_sync']!r}"
-        )
-    for name in ("max_model_len", "max_num_batched_tokens"):
-        value = data.get(name)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            problems.append(f"{name}: must be a positive integer or null, got {value!r}")
-    for name in ("enable_chunked_prefill", "enable_prefix_caching"):
-        value = data.get(name)
-        if value is not None and not isinstance(value, bool):
-            problems.append(f"{name}: must be true, false or null, got {value!r}")
-    utilization = data.get("gpu_memory_utilization", 0.2)
-    if not isinstance(utilization, int | float) or not 0 < utilization <= 1:
-        problems.append(f"gpu_memory_utilization: must be in (0, 1], got {utilization!r}")
-    speculative = data.get("speculative")
-    if speculative is not None and not isinstance(speculative, dict):
-        problems.append(
-            f"speculative: must be a dict (vLLM speculative_config) or null, got {speculative!r}"
-        )
-    if not isinstance(data.get("kv_cache_dtype", "auto"), str):
-        problems.append("kv_cache_dtype: must be a string such as 'auto' or 'fp8'")
-    quantization = data.get("quantization")
-    if quantization is not None and not isinstance(quantization, str):
-        problems.append(f"quantization: must be a method name or null, got {quantization!r}")
-    if not isinstance(data.get("extra", {}), dict):
-        problems.append("extra: must be a dict of engine keyword arguments")
-    return problems
 
 
 def make_engine(config: RolloutEngineConfig, model_dir: str | Path) -> RolloutEngine:
