@@ -302,7 +302,7 @@ def training_spec(
             "name": pin["slug"],
             "weight": pin["weight"],
             "rubric_spec": pin["rubric_spec"],
-            # "rubric_version": pin["rubric_version"],  # MERGE: training.spec DomainSpec field
+            "rubric_version": pin["rubric_version"],
             "task_source": {"kind": "jsonl", "path": task_file(run, pin["slug"], "train")},
             "sandbox_image": pin["sandbox_image"],
         }
