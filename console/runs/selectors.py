@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Prefetch, QuerySet
 
 from console.accounts.models import Team
 from console.registry.models import VersionStatus
@@ -115,3 +115,47 @@ def model_version_choices(*, team: Team | int) -> QuerySet[ModelVersion]:
 
 def host_list() -> QuerySet[Host]:
     return Host.objects.order_by("name")
+
+
+# --- pages (console.runs.views) ---------------------------------------------------------------
+
+
+def run_metrics_newest(*, run: Run, limit: int = 20) -> list[MetricRow]:
+    """The newest `limit` metric rows of a run, newest first."""
+    return list(MetricRow.objects.filter(run=run).order_by("-step")[:limit])
+
+
+def run_events_newest(*, run: Run, limit: int = 50) -> list[RunEvent]:
+    """The newest `limit` events of a run, newest first."""
+    return list(RunEvent.objects.filter(run=run).order_by("-id")[:limit])
+
+
+def model_list_with_lineage(*, team: Team | int) -> QuerySet[RegisteredModel]:
+    """The team's models with their versions and the run each version was promoted from."""
+    versions = ModelVersion.objects.select_related("source_checkpoint__run").order_by("number")
+    return (
+        RegisteredModel.objects.filter(team=team)
+        .prefetch_related(Prefetch("versions", queryset=versions))
+        .order_by("slug")
+    )
+
+
+def model_version_get(*, pk: int, number: int) -> ModelVersion:
+    """Version `number` of model `pk`, with its team (for the access check)."""
+    return ModelVersion.objects.select_related(
+        "model__team", "source_checkpoint__run", "created_by"
+    ).get(model_id=pk, number=number)
+
+
+def host_list_with_live_attempts() -> QuerySet[Host]:
+    """Every host with the attempts now live on it (and their runs)."""
+    from console.runs.models import LIVE_ATTEMPT_STATES
+
+    live = (
+        Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES)
+        .select_related("run__team")
+        .order_by("run_id")
+    )
+    return Host.objects.order_by("name").prefetch_related(
+        Prefetch("attempts", queryset=live, to_attr="live_attempts")
+    )

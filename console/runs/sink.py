@@ -95,9 +95,10 @@ def copy_trajectory_rows(rows: Sequence[tuple[Any, ...]]) -> int:
     (run, step, index) already there. Call inside a transaction. Returns rows inserted."""
     columns = ", ".join(f'"{c}"' for c in TRAJECTORY_COLUMNS)
     with connection.cursor() as cursor:
+        # The incoming rows' columns only, without the id (an identity the INSERT assigns).
         cursor.execute(
-            "CREATE TEMPORARY TABLE IF NOT EXISTS runs_trajectory_incoming "
-            "(LIKE runs_trajectory INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+            "CREATE TEMPORARY TABLE IF NOT EXISTS runs_trajectory_incoming "  # noqa: S608
+            f"ON COMMIT DELETE ROWS AS SELECT {columns} FROM runs_trajectory WITH NO DATA"
         )
         raw = cursor.cursor  # psycopg 3's cursor, for COPY
         with raw.copy(f"COPY runs_trajectory_incoming ({columns}) FROM STDIN") as copy:

@@ -70,6 +70,12 @@ class Command(BaseCommand):
         if rank != 0:
             return
         error = outcome.error or ""
+        status = outcome.status
+        if status != "failed" and outcome.error:
+            # The loop finished but the database did not take everything it produced: the
+            # run's record is incomplete, which must not pass for a success.
+            status = "failed"
+            error = f"the job's results could not all be stored: {outcome.error}"
         if outcome.status == "failed":
             failure = (
                 RunEvent.objects.filter(run=attempt.run, attempt=attempt, kind="run.failed")

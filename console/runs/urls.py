@@ -1,0 +1,21 @@
+from django.urls import path
+
+from console.runs import views
+
+app_name = "runs"
+urlpatterns = [
+    path("runs/", views.run_list, name="run_list"),
+    path("runs/new/", views.run_create, name="run_create"),
+    path("runs/<int:pk>/", views.run_detail, name="run_detail"),
+    path("runs/<int:pk>/cancel/", views.run_command, {"kind": "cancel"}, name="run_cancel"),
+    path("runs/<int:pk>/preempt/", views.run_command, {"kind": "preempt"}, name="run_preempt"),
+    path("runs/<int:pk>/overrides/", views.run_overrides, name="run_overrides"),
+    path(
+        "runs/<int:pk>/checkpoints/<int:checkpoint_pk>/promote/",
+        views.checkpoint_promote,
+        name="checkpoint_promote",
+    ),
+    path("models/", views.model_list, name="model_list"),
+    path("models/<int:pk>/versions/<int:number>/", views.model_version, name="model_version"),
+    path("hosts/", views.host_list, name="host_list"),
+]

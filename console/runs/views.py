@@ -1,0 +1,325 @@
+"""Runs pages: the team's runs, launching one, a run's page (state, attempts, metrics, events,
+checkpoints, logs, operator commands), models with their lineage, and the shared hosts.
+
+Access goes through `console.accounts.access` (outsiders 404, annotators 403 on writes); each
+view calls one service or selector and renders one template; htmx polling gets a named
+partial of the same template.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.accounts.access import require_active_membership, require_team_role
+from console.accounts.models import Membership, Role
+from console.registry import selectors as registry_selectors
+from console.registry.models import Domain
+from console.runs import forms, selectors, services
+from console.runs.launch import LaunchError, default_document, merge
+from console.runs.models import Checkpoint, CommandKind, ModelVersion, Run, RunState
+from training.metrics import MAIN_METRICS
+
+# The columns of the run page's metrics table (those a run has), then its evaluation columns.
+METRIC_COLUMNS = ("reward/mean", "pass_rate", "response_length/mean", "actor/kl", "actor/entropy")
+EVAL_COLUMNS = ("eval/reward/mean", "eval/reward/sem", "eval/pass_rate")
+METRIC_ROWS = 20
+EVENT_ROWS = 50
+POLL_SECONDS = 3
+
+# --- access ---------------------------------------------------------------------------------
+
+
+def _run_for(request: HttpRequest, pk: int, role: str = Role.ANNOTATOR) -> tuple[Run, Membership]:
+    try:
+        run = selectors.run_get(pk=pk)
+    except Run.DoesNotExist:
+        raise Http404("No such run") from None
+    return run, require_team_role(request.user, run.team, role)
+
+
+def _checkpoint_for(request: HttpRequest, pk: int, checkpoint_pk: int) -> Checkpoint:
+    run, _ = _run_for(request, pk, Role.RESEARCHER)
+    try:
+        checkpoint = selectors.checkpoint_get(pk=checkpoint_pk)
+    except Checkpoint.DoesNotExist:
+        raise Http404("No such checkpoint") from None
+    if checkpoint.run_id != run.pk:
+        raise Http404("No such checkpoint")
+    return checkpoint
+
+
+def _model_version_for(request: HttpRequest, pk: int, number: int) -> ModelVersion:
+    try:
+        version = selectors.model_version_get(pk=pk, number=number)
+    except ModelVersion.DoesNotExist:
+        raise Http404("No such model version") from None
+    require_team_role(request.user, version.model.team)
+    return version
+
+
+def _can_write(membership: Membership) -> bool:
+    return membership.has_role(Role.RESEARCHER)
+
+
+# --- the runs list --------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request)
+    state = request.GET.get("state", "")
+    if state not in RunState.values:
+        state = ""
+    context = {
+        "runs": selectors.run_list(team=membership.team, state=state)[:200],
+        "state": state,
+        "states": RunState.choices,
+        "can_write": _can_write(membership),
+    }
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "runs/run_list.html#results", context)
+    return render(request, "runs/run_list.html", context)
+
+
+# --- launching ------------------------------------------------------------------------------
+
+
+def _launchable_domains(team: Any) -> list[tuple[Domain, list[str]]]:
+    domains = registry_selectors.domain_list(team=team)
+    return [
+        (domain, [] if domain.ready else registry_selectors.domain_blockers(domain=domain))
+        for domain in domains
+    ]
+
+
+def _initial(models: list[ModelVersion], domains: list[tuple[Domain, list[str]]]) -> dict[str, Any]:
+    model = f"{models[0].model.slug}@{models[0].number}" if models else ""
+    ready = [
+        (domain.slug, domain.default_mix_weight) for domain, blockers in domains if not blockers
+    ]
+    document = default_document(model=model, domains=ready)
+    initial = forms.initial_from_document(document)
+    chosen = {entry["domain"] for entry in document["domains"]}
+    for domain, _ in domains:
+        initial[f"use_{domain.pk}"] = domain.slug in chosen
+        initial[f"weight_{domain.pk}"] = domain.default_mix_weight
+    return initial
+
+
+_DOMAIN_PATH = re.compile(r"^domains\[(\d+)\](?:\.(\w+))?")
+
+
+def _apply_launch_errors(
+    form: forms.NewRunForm, errors: dict[str, list[str]], document: dict[str, Any]
+) -> list[str]:
+    """Puts each error next to its field where there is one; returns every error as
+    ``path: message`` for the list at the top of the form."""
+    by_slug = {row.domain.slug: row.domain.pk for row in form.domain_rows}
+    listed = document.get("domains") if isinstance(document.get("domains"), list) else []
+    lines = []
+    for path, problems in errors.items():
+        for problem in problems:
+            lines.append(f"{path}: {problem}" if path else problem)
+        field = forms.FIELD_FOR_PATH.get(path) or forms.FIELD_FOR_PATH.get(path.split(".")[0])
+        match = _DOMAIN_PATH.match(path)
+        if match and int(match[1]) < len(listed) and isinstance(listed[int(match[1])], dict):
+            pk = by_slug.get(str(listed[int(match[1])].get("domain")))
+            if pk is not None:
+                field = f"weight_{pk}" if match[2] == "weight" else f"use_{pk}"
+        if field and field in form.fields:
+            form.add_error(field, [f"{path}: {problem}" for problem in problems])
+    return lines
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run_create(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request, Role.RESEARCHER)
+    team = membership.team
+    models = list(selectors.model_version_choices(team=team))
+    domains = _launchable_domains(team)
+    form = forms.NewRunForm(
+        request.POST or None, initial=_initial(models, domains), models=models, domains=domains
+    )
+    context: dict[str, Any] = {"form": form, "launch_errors": [], "has_models": bool(models)}
+    if request.method == "POST":
+        if form.is_valid():
+            base = default_document(model=form.cleaned_data["base_model"], domains=[])
+            document = merge(merge(base, form.document()), form.cleaned_data["advanced"])
+            try:
+                run = services.run_launch(
+                    actor=request.user, team=team, document=document, gpus=form.cleaned_data["gpus"]
+                )
+            except LaunchError as error:
+                context["launch_errors"] = _apply_launch_errors(form, error.errors, document)
+            else:
+                messages.success(request, f"Run {run.name} queued.")
+                return redirect("runs:run_detail", pk=run.pk)
+        return render(request, "runs/run_new.html", context, status=422)
+    return render(request, "runs/run_new.html", context)
+
+
+# --- one run --------------------------------------------------------------------------------
+
+
+def _metric_table(run: Run) -> dict[str, Any]:
+    rows = selectors.run_metrics_newest(run=run, limit=METRIC_ROWS)
+    present = set().union(*(row.values for row in rows)) if rows else set()
+    columns = [key for key in (*METRIC_COLUMNS, *MAIN_METRICS) if key in present]
+    columns = list(dict.fromkeys(columns))[:6]
+    eval_columns = [key for key in EVAL_COLUMNS if key in present]
+    return {
+        "metric_columns": columns,
+        "metric_rows": [
+            {"step": row.step, "values": [row.values.get(key) for key in columns]}
+            for row in rows
+            if any(key in row.values for key in columns)
+        ],
+        "eval_columns": eval_columns,
+        "eval_rows": [
+            {"step": row.step, "values": [row.values.get(key) for key in eval_columns]}
+            for row in rows
+            if any(key in row.values for key in eval_columns)
+        ],
+    }
+
+
+def _live_context(run: Run) -> dict[str, Any]:
+    attempts = list(selectors.run_attempts(run=run))
+    return {
+        "run": run,
+        "attempts": attempts,
+        "trajectory_count": selectors.run_trajectory_count(run=run),
+        "poll_seconds": POLL_SECONDS,
+    }
+
+
+@login_required
+@require_GET
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run, membership = _run_for(request, pk)
+    if request.htmx and request.GET.get("part") == "live":  # type: ignore[attr-defined]
+        return render(request, "runs/run_detail.html#live", _live_context(run))
+    domains = [entry["slug"] for entry in run.pins.get("domains", [])]
+    context = {
+        **_live_context(run),
+        **_metric_table(run),
+        "pins": run.pins.get("domains", []),
+        "events": selectors.run_events_newest(run=run, limit=EVENT_ROWS),
+        "checkpoints": selectors.run_checkpoints(run=run),
+        "can_write": _can_write(membership),
+        "promote_form": forms.PromoteForm(),
+        "command_form": forms.CommandForm(),
+        "overrides_form": forms.OverridesForm(domains=domains),
+    }
+    return render(request, "runs/run_detail.html", context)
+
+
+@login_required
+@require_POST
+def run_command(request: HttpRequest, pk: int, kind: str) -> HttpResponse:
+    """Cancel or preempt (the page asks for confirmation first)."""
+    run, _ = _run_for(request, pk, Role.RESEARCHER)
+    if kind not in (CommandKind.CANCEL, CommandKind.PREEMPT):
+        raise Http404("No such command")
+    form = forms.CommandForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    try:
+        services.run_command(actor=request.user, run=run, kind=kind, reason=reason)
+    except ValueError as error:
+        messages.error(request, f"Not done: {error}.")
+    except ValidationError as error:
+        messages.error(request, "Not done: " + "; ".join(error.messages))
+    else:
+        done = "Cancel" if kind == CommandKind.CANCEL else "Preemption"
+        messages.success(request, f"{done} requested.")
+    return redirect("runs:run_detail", pk=run.pk)
+
+
+@login_required
+@require_POST
+def run_overrides(request: HttpRequest, pk: int) -> HttpResponse:
+    run, _ = _run_for(request, pk, Role.RESEARCHER)
+    domains = [entry["slug"] for entry in run.pins.get("domains", [])]
+    form = forms.OverridesForm(request.POST, domains=domains)
+    if not form.is_valid():
+        problems = "; ".join(
+            f"{form.fields[name].label if name in form.fields else name}: {' '.join(errors)}"
+            for name, errors in form.errors.items()
+        )
+        messages.error(request, f"Not changed: {problems}")
+        return redirect("runs:run_detail", pk=run.pk)
+    try:
+        services.run_command(
+            actor=request.user,
+            run=run,
+            kind=CommandKind.OVERRIDES,
+            payload=form.payload(),
+            reason=form.cleaned_data["reason"],
+        )
+    except ValueError as error:
+        messages.error(request, f"Not changed: {error}.")
+    except ValidationError as error:
+        messages.error(request, "Not changed: " + "; ".join(error.messages))
+    else:
+        messages.success(request, "Overrides sent; the run applies them at its next step.")
+    return redirect("runs:run_detail", pk=run.pk)
+
+
+@login_required
+@require_POST
+def checkpoint_promote(request: HttpRequest, pk: int, checkpoint_pk: int) -> HttpResponse:
+    checkpoint = _checkpoint_for(request, pk, checkpoint_pk)
+    form = forms.PromoteForm(request.POST)
+    if not form.is_valid():
+        problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+        messages.error(request, f"Not promoted: {problems}")
+        return redirect("runs:run_detail", pk=pk)
+    try:
+        version = services.checkpoint_promote(
+            actor=request.user,
+            checkpoint=checkpoint,
+            slug=form.cleaned_data["slug"],
+            title=form.cleaned_data["title"],
+        )
+    except ValidationError as error:
+        messages.error(request, "Not promoted: " + "; ".join(error.messages))
+        return redirect("runs:run_detail", pk=pk)
+    messages.success(request, f"Step {checkpoint.step} is now model {version}.")
+    return redirect("runs:model_version", pk=version.model_id, number=version.number)
+
+
+# --- models and hosts -----------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def model_list(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request)
+    context = {"models": selectors.model_list_with_lineage(team=membership.team)}
+    return render(request, "runs/model_list.html", context)
+
+
+@login_required
+@require_GET
+def model_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
+    version = _model_version_for(request, pk, number)
+    context = {"version": version, "lineage": services.model_lineage(version)}
+    return render(request, "runs/model_version.html", context)
+
+
+@login_required
+@require_GET
+def host_list(request: HttpRequest) -> HttpResponse:
+    membership = require_active_membership(request)
+    context = {"hosts": selectors.host_list_with_live_attempts(), "team_id": membership.team_id}
+    return render(request, "runs/host_list.html", context)
