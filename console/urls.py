@@ -9,5 +9,7 @@ urlpatterns = [
     path("api/", api.urls),
     path("audit/", include("console.audit.urls")),
     path("status/", include("console.status.urls")),
+    # /runs/, /models/ and /hosts/: before the registry, whose include catches "".
+    path("", include("console.runs.urls")),
     path("", include("console.registry.urls")),
 ]

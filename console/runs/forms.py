@@ -146,7 +146,7 @@ class NewRunForm(forms.Form):
         cleaned = super().clean() or {}
         for name in ("lr", "kl_coef", "temperature", "ewc_strength"):
             try:
-                _finite(cleaned.get(name), self.fields[name].label or name)
+                _finite(cleaned.get(name), str(self.fields[name].label or name))
             except ValidationError as error:
                 self.add_error(name, error)
         for domain, _ in self._domains:

@@ -96,7 +96,12 @@ def run_list(request: HttpRequest) -> HttpResponse:
 def _launchable_domains(team: Any) -> list[tuple[Domain, list[str]]]:
     domains = registry_selectors.domain_list(team=team)
     return [
-        (domain, [] if domain.ready else registry_selectors.domain_blockers(domain=domain))
+        (
+            domain,
+            []
+            if getattr(domain, "ready", False)
+            else registry_selectors.domain_blockers(domain=domain),
+        )
         for domain in domains
     ]
 
@@ -124,7 +129,8 @@ def _apply_launch_errors(
     """Puts each error next to its field where there is one; returns every error as
     ``path: message`` for the list at the top of the form."""
     by_slug = {row.domain.slug: row.domain.pk for row in form.domain_rows}
-    listed = document.get("domains") if isinstance(document.get("domains"), list) else []
+    domains = document.get("domains")
+    listed: list[Any] = domains if isinstance(domains, list) else []
     lines = []
     for path, problems in errors.items():
         for problem in problems:
@@ -253,7 +259,8 @@ def run_overrides(request: HttpRequest, pk: int) -> HttpResponse:
     form = forms.OverridesForm(request.POST, domains=domains)
     if not form.is_valid():
         problems = "; ".join(
-            f"{form.fields[name].label if name in form.fields else name}: {' '.join(errors)}"
+            f"{form.fields[name].label if name in form.fields else name}: "
+            f"{' '.join(str(e) for e in errors)}"
             for name, errors in form.errors.items()
         )
         messages.error(request, f"Not changed: {problems}")
@@ -281,7 +288,9 @@ def checkpoint_promote(request: HttpRequest, pk: int, checkpoint_pk: int) -> Htt
     checkpoint = _checkpoint_for(request, pk, checkpoint_pk)
     form = forms.PromoteForm(request.POST)
     if not form.is_valid():
-        problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+        problems = "; ".join(
+            f"{name}: {' '.join(str(e) for e in errors)}" for name, errors in form.errors.items()
+        )
         messages.error(request, f"Not promoted: {problems}")
         return redirect("runs:run_detail", pk=pk)
     try:
