@@ -21,6 +21,9 @@ EVERY_SECTION = (
     "Domains",
     "Rubrics",
     "Sandbox images",
+    "Runs",
+    "Models",
+    "Hosts",
     "Audit log",
     "Status",
     "API tokens",
@@ -41,6 +44,9 @@ def _page_urls(people: Any) -> list[str]:
         reverse("audit:list"),
         reverse("status:page"),
         reverse("accounts:tokens"),
+        reverse("runs:run_list"),
+        reverse("runs:model_list"),
+        reverse("runs:host_list"),
     ]
 
 
@@ -65,7 +71,7 @@ def test_every_page_shows_the_same_navigation(
         assert response.status_code == 200, url
         expected = list(EVERY_SECTION)
         if who == TEAMMATE_ADMIN:
-            expected.insert(6, "Members")
+            expected.insert(expected.index("Status") + 1, "Members")
         assert _nav_links(response.content.decode()) == expected, url
 
 
