@@ -328,11 +328,14 @@ def run_overrides(request: HttpRequest, run_id: int, payload: OverridesIn) -> An
 def run_metrics(
     request: HttpRequest,
     run_id: int,
-    keys: str = Query("", max_length=4000, description="comma-separated metric names"),
+    # Named differently in Python: a query field called `keys` shadows the schema's own method.
+    wanted_keys: str = Query(
+        "", alias="keys", max_length=4000, description="comma-separated metric names"
+    ),
     since_step: int = Query(0, ge=0, le=2**31),
 ) -> Any:
     run = _run(request, run_id)
-    wanted = [k for k in keys.split(",") if k] or None
+    wanted = [k for k in wanted_keys.split(",") if k] or None
     return {
         "keys": selectors.run_metric_keys(run=run),
         "rows": selectors.run_metrics(run=run, keys=wanted, since_step=since_step),
