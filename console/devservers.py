@@ -454,13 +454,13 @@ def demo(*, var_dir: Path | None = None, port: int | None = None) -> int:
             start(
                 "control-worker",
                 [python, "-m", "celery", "-A", "console", "worker", "-Q", "control",
-                 "-n", f"control@{hostname}", "--concurrency", "1", "-l", "INFO"],
+                 "-n", f"control@{hostname}", "--concurrency", "1", "-B",
+                 "-s", str(services.root / "celerybeat-schedule"), "-l", "INFO"],
                 env,
             )  # fmt: skip
             start(
                 "host-agent",
-                [python, "-m", "celery", "-A", "console", "worker", "-Q", f"host.{hostname}",
-                 "-n", f"host@{hostname}", "--concurrency", "1", "-l", "INFO"],
+                [*manage, "host_agent", "--name", hostname],
                 env,
             )  # fmt: skip
             _wait_until_serving(port, processes)
