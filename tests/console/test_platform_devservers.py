@@ -102,7 +102,12 @@ def _free_port() -> int:
 
 
 def _run_demo_until_ready(var_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[str]]:
-    env = clean_env(CONSOLE_VAR_DIR=str(var_dir), PORT=str(port))
+    from training.models import ensure_demo_model
+
+    # The demo registers the demo model; the suite's copy (built once per session) is reused
+    # rather than built again under this test's own var/.
+    models_root = ensure_demo_model().parent
+    env = clean_env(CONSOLE_VAR_DIR=str(var_dir), PORT=str(port), MODELS_ROOT=str(models_root))
     process = devservers("demo", env=env, stderr=subprocess.STDOUT)
     assert process.stdout is not None
     lines: list[str] = []
@@ -139,9 +144,11 @@ def test_make_demo_serves_the_console_and_stops_everything_on_ctrl_c(tmp_path):
         assert refused.value.code == 401
         record = json.loads((var_dir / "servers.json").read_text())
         server_pids = [server["pid"] for server in record["servers"]]
-        workers = [p for p in psutil.Process(process.pid).children()
-                   if "celery" in " ".join(p.cmdline())]  # fmt: skip
-        assert len(workers) == 2  # the control worker and this machine's host agent
+        commands = [" ".join(p.cmdline()) for p in psutil.Process(process.pid).children()]
+        assert sum("celery" in c and "-Q control" in c for c in commands) == 1, commands
+        assert sum("host_agent" in c for c in commands) == 1, commands
+        # seed_demo registered the demo model for the demo team.
+        assert "Model demo v1 registered" in "\n".join(lines)
     finally:
         started = _stop_demo(process)
     assert len(started) >= 4  # Redis, the web server, two workers (and their pool processes)
