@@ -241,6 +241,7 @@ class OverridesForm(forms.Form):
             self.fields[f"weight_{slug}"] = forms.FloatField(
                 label=f"Weight of {slug}", required=False
             )
+        self.order_fields([f"weight_{slug}" for slug in domains])
 
     def payload(self) -> dict[str, Any]:
         data = self.cleaned_data

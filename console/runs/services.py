@@ -54,9 +54,12 @@ def run_group(run_id: int) -> str:
     return f"run.{run_id}"
 
 
-def _notify(run: Run, event: str, payload: dict[str, Any]) -> None:
+def notify(run: Run, event: str, payload: dict[str, Any], *, to_lists: bool = True) -> None:
+    """A compact notice after commit to the run's page (and, with `to_lists`, to the team's
+    run lists: state changes go there, per-batch notices do not)."""
     payload = {"run": run.pk, **payload}
-    broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload)
+    if to_lists:
+        broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload)
     broadcast_on_commit(run_group(run.pk), event, payload)
 
 
@@ -81,7 +84,7 @@ def _set_run_state(run: Run, state: str, reason: str, **fields: Any) -> None:
         setattr(run, name, value)
     run.save(update_fields=["state", "state_reason", *fields])
     record_event(run, "run.state", {"from": old, "to": state, "reason": reason})
-    _notify(run, "run.state", {"state": state, "reason": reason})
+    notify(run, "run.state", {"state": state, "reason": reason})
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -393,7 +396,7 @@ def run_launch(*, actor: Any, team: Team, document: Any, gpus: int = 0, cpu_slot
             before=None,
             after={"name": run.name, "request": document, "pins": run.pins},
         )
-        _notify(run, "run.created", {"state": run.state})
+        notify(run, "run.created", {"state": run.state})
         transaction.on_commit(request_placement)
     return run
 

@@ -19,7 +19,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection, transaction
+import msgspec
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -44,14 +45,18 @@ TRAJECTORY_COLUMNS = (
 )
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_plain)
-
-
 def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     return repr(value)
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_plain)
+
+
+def _json(value: Any) -> str:
+    """JSON text; NaN and infinity become null (JSON has neither), arrays become lists."""
+    return _ENCODER.encode(value).decode()
 
 
 def _finite(value: Any) -> Any:
@@ -85,15 +90,40 @@ def trajectory_row(
         rubric_version if isinstance(rubric_version, int) else None,
         str(item.get("finish_reason", ""))[:16],
         int(item.get("response_tokens", 0)),
-        _json(_finite(item)),
+        _json(item),
         now,
     )
 
 
+_COLUMNS = ", ".join(f'"{c}"' for c in TRAJECTORY_COLUMNS)
+
+
 def copy_trajectory_rows(rows: Sequence[tuple[Any, ...]]) -> int:
-    """Writes rows through COPY into a temporary table, then into runs_trajectory skipping
-    (run, step, index) already there. Call inside a transaction. Returns rows inserted."""
-    columns = ", ".join(f'"{c}"' for c in TRAJECTORY_COLUMNS)
+    """Writes rows with COPY, skipping (run, step, index) already there. Call inside a
+    transaction. Returns the rows inserted.
+
+    The common case (nothing there yet) is one COPY straight into the table, in a savepoint.
+    A batch written before (a retry) violates the unique key: the savepoint is rolled back and
+    the batch goes through a staging table and ``INSERT ... ON CONFLICT DO NOTHING``."""
+    from psycopg import errors
+
+    try:
+        with (
+            transaction.atomic(),
+            connection.cursor() as cursor,
+            cursor.cursor.copy(f"COPY runs_trajectory ({_COLUMNS}) FROM STDIN") as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+        return len(rows)
+    except IntegrityError as error:
+        if not isinstance(error.__cause__, errors.UniqueViolation):
+            raise
+    return _copy_skipping_existing(rows)
+
+
+def _copy_skipping_existing(rows: Sequence[tuple[Any, ...]]) -> int:
+    columns = _COLUMNS
     with connection.cursor() as cursor:
         # The incoming rows' columns only, without the id (an identity the INSERT assigns).
         cursor.execute(
@@ -138,10 +168,11 @@ class ConsoleSink:
         with transaction.atomic():
             inserted = copy_trajectory_rows(rows)
             steps = sorted({row[2] for row in rows})
-            services._notify(
+            services.notify(
                 self.run,
                 "run.trajectories",
                 {"steps": steps, "count": len(rows), "inserted": inserted},
+                to_lists=False,
             )
         self.written += inserted
 
@@ -156,7 +187,9 @@ class ConsoleSink:
                 [self.run.pk, step, _json(clean)],
             )
             Run.objects.filter(pk=self.run.pk, last_step__lt=step).update(last_step=step)
-            services._notify(self.run, "run.metrics", {"step": step, "keys": sorted(clean)})
+            services.notify(
+                self.run, "run.metrics", {"step": step, "keys": sorted(clean)}, to_lists=False
+            )
 
     def checkpoint(self, info: dict[str, Any]) -> None:
         with transaction.atomic():
@@ -170,7 +203,7 @@ class ConsoleSink:
                     "policy_version": int(info.get("policy_version", 0)),
                 },
             )
-            services._notify(self.run, "run.checkpoint", {"step": int(info.get("step", 0))})
+            services.notify(self.run, "run.checkpoint", {"step": int(info.get("step", 0))})
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         data = _finite(json.loads(_json(data)))
@@ -188,7 +221,7 @@ class ConsoleSink:
                     dropped_trajectories=F("dropped_trajectories") + int(data.get("dropped", 1))
                 )
             services.record_event(self.run, kind, data, attempt=self.attempt)
-            services._notify(self.run, "run.event", {"kind": kind, "step": data.get("step")})
+            services.notify(self.run, "run.event", {"kind": kind, "step": data.get("step")})
 
 
 class ConsoleControl:

@@ -1,0 +1,139 @@
+"""Trajectory ingest: the console's Sink against raw COPY and row-by-row ORM inserts of the same
+rows, in the same run, on a private PostgreSQL.
+
+    .venv/bin/python bench/bench_runs.py [--rows 20000] [--batch 256]
+
+- **raw COPY**: the rows, already as tuples, COPYed straight into runs_trajectory (the floor).
+- **console Sink**: `ConsoleSink.trajectories(batch)` from trajectory dicts (what a job does:
+  row building, JSON, COPY into a staging table, INSERT ... ON CONFLICT, the notice).
+- **ORM**: `TrajectoryRecord.objects.create` per row (on a tenth of the rows).
+
+Aims (issue "Runs"): Sink >= 50 % of raw COPY, and >= 20x the ORM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--batch", type=int, default=256)
+    args = parser.parse_args()
+
+    from console.devservers import PrivateServices
+
+    root = Path(tempfile.mkdtemp(prefix="bench-runs-", dir=Path(__file__).parents[1] / "var"))
+    services = PrivateServices(root, persistent=False)
+    os.environ.update(services.start(dict(os.environ)))
+    try:
+        return _bench(args.rows, args.batch)
+    finally:
+        services.stop()
+
+
+def _bench(total: int, batch: int) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    call_command("migrate", verbosity=0)
+    from django.contrib.auth import get_user_model
+
+    from console.accounts.models import Team
+    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
+    from console.runs.models import TrajectoryRecord as Row
+    from console.runs.sink import TRAJECTORY_COLUMNS, ConsoleSink, trajectory_row
+
+    user = get_user_model().objects.create(username="bench")
+    team = Team.objects.create(slug="bench", name="Bench")
+    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
+    version = ModelVersion.objects.create(
+        model=model, number=1, path="/m", status="published", created_by=user,
+        published_at=timezone.now(), published_by=user,
+    )  # fmt: skip
+    host = Host.objects.create(name="bench")
+
+    def new_attempt() -> Attempt:
+        run = Run.objects.create(team=team, created_by=user, name="b", request={}, spec={},
+                                 pins={}, model_version=version)  # fmt: skip
+        return Attempt.objects.create(run=run, number=1, host=host, state="running")
+
+    def item(step: int, group: int) -> dict:
+        text = "Let me think. 17 * 23 = 391, so the answer is \\boxed{391}. " * 6
+        return {
+            "messages": [{"role": "user", "content": "What is 17 * 23?"},
+                         {"role": "assistant", "content": text}],
+            "prompt": "<|user|>What is 17 * 23?<|assistant|>", "completion": text,
+            "observations": [],
+            "reward": {"total": 1.0, "breakdown": {"answer": 1.0, "format": 1.0},
+                       "details": {"answer": {"extracted": "391"}}},
+            "finish_reason": "stop", "response_tokens": 120, "task_id": str(group),
+            "provenance": {"run": "b", "step": step, "policy_version": step - 1,
+                           "domain": "arithmetic", "group": group // 8, "rubric_version": 1,
+                           "rubric_digest": "1:abcdef", "sandbox_image": None},
+        }  # fmt: skip
+
+    items = [item(1 + i // 128, i % 128) for i in range(total)]
+    print(f"{total} trajectories of {len(str(items[0]))} characters, batches of {batch}")
+
+    # Raw COPY of the same rows (built beforehand: the floor of what PostgreSQL takes).
+    attempt = new_attempt()
+    now = timezone.now()
+    rows = [trajectory_row(attempt.run_id, attempt.pk, i, it, now) for i, it in enumerate(items)]
+    columns = ", ".join(f'"{c}"' for c in TRAJECTORY_COLUMNS)
+    start = time.perf_counter()
+    for offset in range(0, total, batch):
+        with (
+            transaction.atomic(),
+            connection.cursor() as cursor,
+            cursor.cursor.copy(f"COPY runs_trajectory ({columns}) FROM STDIN") as copy,
+        ):
+            for row in rows[offset : offset + batch]:
+                copy.write_row(row)
+    copy_s = time.perf_counter() - start
+
+    # The console's Sink, from dicts.
+    sink = ConsoleSink(new_attempt())
+    start = time.perf_counter()
+    for offset in range(0, total, batch):
+        sink.trajectories(items[offset : offset + batch])
+    sink_s = time.perf_counter() - start
+    assert sink.written == total
+
+    # Row by row through the ORM, on a tenth of the rows.
+    orm_attempt = new_attempt()
+    orm_rows = total // 10
+    start = time.perf_counter()
+    for i, it in enumerate(items[:orm_rows]):
+        row = trajectory_row(orm_attempt.run_id, orm_attempt.pk, i, it, now)
+        Row.objects.create(
+            run_id=row[0], attempt_id=row[1], step=row[2], index=row[3], domain=row[4],
+            reward=row[5], policy_version=row[6], task_id=row[7], rubric_version=row[8],
+            finish_reason=row[9], response_tokens=row[10], data=it,
+        )  # fmt: skip
+    orm_s = time.perf_counter() - start
+
+    copy_rate, sink_rate, orm_rate = total / copy_s, total / sink_s, orm_rows / orm_s
+    print(f"raw COPY       {copy_rate:10.0f} rows/s")
+    print(f"console Sink   {sink_rate:10.0f} rows/s   {sink_rate / copy_rate:.2f}x raw COPY "
+          f"(aim >= 0.5)   {sink_rate / orm_rate:.1f}x the ORM (aim >= 20)")  # fmt: skip
+    print(f"ORM row by row {orm_rate:10.0f} rows/s   (on {orm_rows} rows)")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
