@@ -6,11 +6,20 @@ that shows changes rather than whole objects. Screenshots: test-artifacts/page-<
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 from typing import Any
 
+from django.utils import timezone
+
 from console.registry import services
+from console.registry.demo import seed_demo_domain
+from console.runs import services as run_services
+from console.runs.launch import default_document
+from console.runs.models import Attempt, Host
 from tests.console.test_registry_factories import build_registry, jsonl, task_rows
 from tests.e2e.conftest import login, screenshot
+from training.demo.domains import get_domain
 
 WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 SECTIONS = [
@@ -18,6 +27,9 @@ SECTIONS = [
     "Domains",
     "Rubrics",
     "Sandbox images",
+    "Runs",
+    "Models",
+    "Hosts",
     "Audit log",
     "Status",
     "Members",
@@ -70,6 +82,57 @@ def _pages(people: Any) -> dict[str, str]:
     }
 
 
+def _run_pages(people: Any, tmp_path: Path) -> dict[str, str]:
+    """A model, a launchable domain, a queued run with one attempt on a host."""
+    model_dir = tmp_path / "models" / "base"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "demo"}))
+    model = run_services.model_register(
+        actor=people.owner, team=people.team, slug="base", title="Base model", path=str(model_dir)
+    )
+    seed_demo_domain(team=people.team, user=people.owner, demo=get_domain("parity"), image=None)
+    document = default_document(model="base", domains=[("parity", 1.0)])
+    document["name"] = "parity-grpo"
+    run = run_services.run_launch(actor=people.owner, team=people.team, document=document)
+    host = Host.objects.create(
+        name="gpu-host-a",
+        gpu_slots=1,
+        inventory={"gpus": [{"index": 0, "name": "NVIDIA H200", "memory_mb": 143_771}]},
+        heartbeat_at=timezone.now(),
+    )
+    log = "step 1: reward/mean 0.25\n"
+    Attempt.objects.create(run=run, number=1, host=host, log_head=log, log_bytes=len(log))
+    return {
+        "run-list": "/runs/",
+        "run-new": "/runs/new/",
+        "run-detail": f"/runs/{run.pk}/",
+        "model-list": "/models/",
+        "model-version": f"/models/{model.model_id}/versions/{model.number}/",
+        "host-list": "/hosts/",
+    }
+
+
+def _check_page(page: Any, name: str, url: str, width_name: str, problems: list[str]) -> None:
+    page.goto(url)
+    page.locator("nav.mainnav").wait_for()
+    nav = [text.strip() for text in page.locator("nav.mainnav a").all_inner_texts()]
+    if nav != SECTIONS:
+        problems.append(f"{name} {width_name}: navigation {nav}")
+    overflow = page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    if overflow > 1:
+        problems.append(f"{name} {width_name}: {overflow} px wider than the screen")
+    header = page.locator("header.topbar").bounding_box()
+    if width_name == "phone" and header["height"] > PHONE_HEADER_MAX_PX:
+        problems.append(f"{name} phone: header {header['height']} px tall")
+    if name == "audit-log":
+        height = page.evaluate("document.documentElement.scrollHeight")
+        if height > AUDIT_PAGE_MAX_PX:
+            problems.append(f"audit log {width_name}: {height} px tall")
+    screenshot(page, f"page-{name}-{width_name}")
+
+
 def test_every_page_at_desktop_and_phone_width(
     page: Any, people: Any, live_server_url: str
 ) -> None:
@@ -79,24 +142,7 @@ def test_every_page_at_desktop_and_phone_width(
     for width_name, viewport in WIDTHS.items():
         page.set_viewport_size(viewport)
         for name, url in pages.items():
-            page.goto(url)
-            page.locator("nav.mainnav").wait_for()
-            nav = [text.strip() for text in page.locator("nav.mainnav a").all_inner_texts()]
-            if nav != SECTIONS:
-                problems.append(f"{name} {width_name}: navigation {nav}")
-            overflow = page.evaluate(
-                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-            )
-            if overflow > 1:
-                problems.append(f"{name} {width_name}: {overflow} px wider than the screen")
-            header = page.locator("header.topbar").bounding_box()
-            if width_name == "phone" and header["height"] > PHONE_HEADER_MAX_PX:
-                problems.append(f"{name} phone: header {header['height']} px tall")
-            if name == "audit-log":
-                height = page.evaluate("document.documentElement.scrollHeight")
-                if height > AUDIT_PAGE_MAX_PX:
-                    problems.append(f"audit log {width_name}: {height} px tall")
-            screenshot(page, f"page-{name}-{width_name}")
+            _check_page(page, name, url, width_name, problems)
         # Publishing from the object's page: the confirmation opens in the page, on screen.
         page.goto(pages["rubric-detail"])
         page.get_by_text("Publish v2…").click()
@@ -107,6 +153,30 @@ def test_every_page_at_desktop_and_phone_width(
         if overflow > 1:
             problems.append(f"publish confirmation {width_name}: {overflow} px too wide")
         screenshot(page, f"page-rubric-detail-publish-{width_name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_runs_pages_at_desktop_and_phone_width(
+    page: Any, people: Any, live_server_url: str, tmp_path: Path
+) -> None:
+    """Apart from the registry's pages, so the audit log's length above is the registry's."""
+    pages = _run_pages(people, tmp_path)
+    login(page, people.teammate_admin)
+    problems: list[str] = []
+    for width_name, viewport in WIDTHS.items():
+        page.set_viewport_size(viewport)
+        for name, url in pages.items():
+            _check_page(page, name, url, width_name, problems)
+        # Cancel asks first: the confirmation opens in the page, on screen.
+        page.goto(pages["run-detail"])
+        page.get_by_text("Cancel…").click()
+        page.get_by_role("button", name="Yes, cancel the run").wait_for()
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        if overflow > 1:
+            problems.append(f"cancel confirmation {width_name}: {overflow} px too wide")
+        screenshot(page, f"page-run-detail-cancel-{width_name}")
     assert not problems, "\n".join(problems)
 
 
