@@ -116,8 +116,11 @@ def copy_trajectory_rows(rows: Sequence[tuple[Any, ...]]) -> int:
             for row in rows:
                 copy.write_row(row)
         return len(rows)
-    except IntegrityError as error:
-        if not isinstance(error.__cause__, errors.UniqueViolation):
+    except (errors.UniqueViolation, IntegrityError) as error:
+        # psycopg's own error through the raw cursor; Django's wrapper elsewhere.
+        if not isinstance(error, errors.UniqueViolation) and not isinstance(
+            error.__cause__, errors.UniqueViolation
+        ):
             raise
     return _copy_skipping_existing(rows)
 

@@ -112,8 +112,10 @@ def test_a_killed_host_agent_hands_the_run_to_another_host_without_gap_or_duplic
 
     # Once a checkpoint is recorded (and a step or more beyond it is under way) on host A ...
     wait_for(
-        lambda: Checkpoint.objects.filter(run_id=run["id"], step__gte=3).exists()
-        and Run.objects.get(pk=run["id"]).last_step >= 4,
+        lambda: (
+            Checkpoint.objects.filter(run_id=run["id"], step__gte=3).exists()
+            and Run.objects.get(pk=run["id"]).last_step >= 4
+        ),
         timeout=600,
         what="a checkpoint on the first host",
         cluster=cluster,
