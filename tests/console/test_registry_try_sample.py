@@ -72,12 +72,20 @@ def test_a_python_function_outside_the_allow_list_is_refused_with_nothing_saved(
     assert RubricVersion.objects.count() == before
 
 
-def test_a_listed_function_is_accepted_in_either_spelling(trusted_probe: None, people: Any) -> None:
-    make_rubric(team=people.team, user=people.owner, source=python_function_source(PROBE))
-    dotted = PROBE.replace(":", ".")
-    make_rubric(
-        team=people.team, user=people.owner, slug="dotted", source=python_function_source(dotted)
+@pytest.mark.parametrize("function", [PROBE, PROBE.replace(":", ".")])
+def test_a_listed_function_is_accepted_in_either_spelling(
+    function: str, trusted_probe: None, api_client_as: Callable[[str], Client], people: Any
+) -> None:
+    response = api_client_as(OWNER).post(
+        "/api/registry/rubrics",
+        {"slug": "fn", "title": "Fn", "source": python_function_source(function)},
+        content_type="application/json",
     )
+    assert response.status_code == 201, response.content
+    version = RubricVersion.objects.get(rubric__team=people.team, rubric__slug="fn")
+    assert version.spec["criteria"][0]["params"]["function"] == function
+    published = services.rubric_version_publish(actor=people.owner, version=version)
+    assert published.status == "published"
 
 
 def test_trying_a_sample_scores_in_a_child_process_without_the_consoles_secrets(

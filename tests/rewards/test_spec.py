@@ -122,10 +122,27 @@ def test_every_kind_documents_itself_with_a_checkable_params_schema():
         assert info.params_schema.get("type") == "object"
 
 
-def test_the_rubric_schema_itself_is_valid_json_schema():
+def test_the_rubric_schema_is_valid_and_agrees_with_validate_spec_on_structure():
+    # Editors and other tools validate against the published schema alone; what it accepts and
+    # refuses must be what `validate_spec` accepts and refuses, at the same paths.
     from jsonschema import Draft202012Validator
 
     Draft202012Validator.check_schema(RUBRIC_SCHEMA)
+    validator = Draft202012Validator(RUBRIC_SCHEMA)
+
+    def schema_paths(spec):
+        return sorted(".".join(map(str, e.absolute_path)) for e in validator.iter_errors(spec))
+
+    good = spec_with(EXACT, sandbox={"pids": 4, "network": "none"})
+    assert schema_paths(good) == [] and validate_spec(good) == []
+    for bad, path in [
+        (spec_with({**EXACT, "weight": -1}), "criteria.0.weight"),
+        (spec_with(EXACT, sandbox={"pids": 3}), "sandbox.pids"),
+        (spec_with(EXACT, clip=[0]), "clip"),
+        (spec_with(EXACT, surprise=True), ""),
+    ]:
+        assert schema_paths(bad) == [path], bad
+        assert validate_spec(bad), bad
 
 
 def test_a_rubric_whose_weights_are_all_zero_is_refused():

@@ -141,12 +141,29 @@ def test_vllm_only_options_are_refused_by_name(demo_model_dir, options, named): 
         make_engine(RolloutEngineConfig(engine="hf", **options), demo_model_dir)
 
 
-def test_scheduler_features_turned_off_are_what_the_transformers_engine_does(demo_model_dir):  # noqa: F811
-    engine = make_engine(
+def test_scheduler_features_turned_off_are_what_the_transformers_engine_does(
+    demo_model_dir,  # noqa: F811
+    engine,
+    prompts,
+):
+    # "false" is accepted (it is what this engine does) and changes nothing it produces.
+    turned_off = make_engine(
         RolloutEngineConfig(engine="hf", enable_chunked_prefill=False, enable_prefix_caching=False),
         demo_model_dir,
     )
-    engine.close()
+    try:
+        assert isinstance(turned_off, HFEngine)
+        assert turned_off.config.enable_chunked_prefill is False
+        assert turned_off.config.enable_prefix_caching is False
+        greedy = SamplingConfig(temperature=0, max_new_tokens=8)
+        produced = turned_off.generate(prompts[:2], greedy)
+        expected = engine.generate(prompts[:2], greedy)
+        assert [g[0].token_ids for g in produced] == [g[0].token_ids for g in expected]
+        assert [g[0].logprobs for g in produced] == [
+            pytest.approx(g[0].logprobs, abs=1e-5) for g in expected
+        ]
+    finally:
+        turned_off.close()
 
 
 def test_engine_config_names_every_bad_field():
