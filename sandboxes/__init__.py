@@ -50,7 +50,7 @@ What a ``bwrap`` sandbox sees (the default driver):
   ``USER`` and the spec's (and image's) ``env`` — nothing from the host's.
 - Its own network namespace: no route anywhere; ``network="loopback"`` keeps a private ``lo``
   up, ``"none"`` also forbids creating IP sockets.
-- Pid 1 is a two-line ``/bin/sh`` init (``sandboxes.bwrap.INIT_SCRIPT``) that starts the
+- Pid 1 is a one-line ``/bin/sh`` init (``sandboxes.bwrap.INIT_SCRIPT``) that starts the
   command, reaps orphaned zombies while it waits and exits with the command's status; the
   kernel then kills everything left in the pid namespace (daemons included). On later runs
   pid 1 is the supervisor, which cannot be signalled, traced or read from inside (it is the

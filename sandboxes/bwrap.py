@@ -66,11 +66,15 @@ BASE_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 #: The sandbox's pid 1 (bwrap runs with --as-pid-1). bwrap's own init reports the exit code and
 #: lets bwrap exit before the init is reaped, leaving it a zombie for the host's pid 1 — which
 #: may reap late or never, and meanwhile it still counts against the sandbox's pids limit.
-#: This init is waited for by bwrap, reaps every orphan while it waits (``wait`` collects any
-#: child), keeps stdin for the command (a background job would get /dev/null otherwise) and
-#: exits with the command's status (128 + signal when killed). When it exits, the kernel kills
-#: whatever is left in the pid namespace.
-INIT_SCRIPT = 'exec 3<&0; "$@" 0<&3 3<&- & exec 3<&-; wait $!'
+#: This init is waited for by bwrap and runs the command as a foreground subshell (one fork;
+#: the subshell execs the program, or runs a shell builtin itself, never in pid 1). While it
+#: waits it reaps every orphan (dash waits for any child), and it exits with the command's
+#: status (128 + signal when killed). SIGINT and SIGQUIT are ignored, as for a non-interactive
+#: shell's background job. A foreground job that dies of a signal always gets its note
+#: ("Terminated", "Segmentation fault": not for SIGINT or SIGPIPE), as on the supervisor path;
+#: a background job and ``wait`` got one only if it died while the shell was already waiting.
+#: When the init exits, the kernel kills whatever is left in the pid namespace.
+INIT_SCRIPT = "trap '' INT QUIT; (\"$@\")"
 INIT_SHELL = "/bin/sh"
 _CHUNK = 65536
 SUPERVISE_MODES = ("after-first", "always", "never")

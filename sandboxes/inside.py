@@ -213,12 +213,12 @@ def report_signal(stderr, status):
 
 
 def spawn_command(stdio, cwd, argv, env):
-    """Starts ``argv`` as the bwrap path's init shell starts its background job.
+    """Starts ``argv`` as the bwrap path's init shell starts its command (a subshell).
 
     Returns (pid, None), or (None, wait status) when it could not start; then the error is on
     the command's stderr as ``sh`` words it. posix_spawn (a vfork) runs no Python in the child.
-    SIGINT and SIGQUIT stay ignored (as ours are) like a non-interactive shell's background
-    job; the others start at their defaults.
+    SIGINT and SIGQUIT stay ignored (as ours are), as the init shell's ``trap ''`` leaves them;
+    the others start at their defaults.
     """
     os.chdir(cwd)
     stdin, stdout, stderr = stdio
@@ -351,7 +351,7 @@ def finish(status):
 def main():
     mode, control_fd, preload = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     # No handlers: the kernel then drops every signal sent to pid 1 from inside. Ignored (not
-    # default) so that the commands we spawn inherit what a background job of sh has.
+    # default) so that the commands we spawn inherit what the bwrap path's init gives them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     make_undumpable()
