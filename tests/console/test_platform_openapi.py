@@ -27,8 +27,29 @@ WRITE_METHODS = ("post", "patch", "put", "delete")
 
 
 @pytest.fixture
-def registry(people: Any) -> Registry:
-    return build_registry(people)
+def registry(people: Any, tmp_path: Any) -> Registry:
+    """The registry's objects, plus a run of the team with an attempt and a checkpoint (the
+    runs endpoints' ids)."""
+    from console.runs import services
+    from console.runs.models import Attempt, Checkpoint, Host, Run
+
+    registry = build_registry(people)
+    (tmp_path / "config.json").write_text("{}")
+    version = services.model_register(
+        actor=people.owner, team=people.team, slug="base", title="Base", path=str(tmp_path)
+    )
+    run = Run.objects.create(
+        team=people.team, created_by=people.owner, name="r", request={}, spec={},
+        pins={"domains": []}, model_version=version, state="running",
+    )  # fmt: skip
+    attempt = Attempt.objects.create(
+        run=run, number=1, host=Host.objects.create(name="h"), state="running"
+    )
+    checkpoint = Checkpoint.objects.create(
+        run=run, attempt=attempt, step=1, path=str(tmp_path), reason="periodic"
+    )
+    registry.ids = {"run_id": run.pk, "checkpoint_id": checkpoint.pk}  # type: ignore[attr-defined]
+    return registry
 
 
 @pytest.fixture
@@ -53,6 +74,7 @@ def concrete(path: str, registry: Registry) -> str:
         "rubric_id": registry.rubric.pk,
         "image_id": registry.image.pk,
         "number": 1,
+        **getattr(registry, "ids", {}),
     }
     return re.sub(r"\{(\w+)\}", lambda match: str(ids[match.group(1)]), path)
 
