@@ -8,7 +8,7 @@
         result.stdout, result.exit_code, result.peak_memory_mb
 
 How runs start: a sandbox's first ``run`` is one ``bwrap`` (new namespaces, mounts, seccomp)
-whose pid 1 is a two-line shell init. From the second run on, one ``bwrap`` holding a small
+whose pid 1 is a one-line shell init. From the second run on, one ``bwrap`` holding a small
 supervisor (``sandboxes.inside``, pid 1) stays up for the rest of the sandbox's life and each
 command is a ``posix_spawn`` inside its namespaces, in a cgroup of the run's own, started and
 reported exactly as on the first path (same ``ExecResult``; when the command's first process
