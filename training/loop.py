@@ -246,6 +246,38 @@ def _seed_for(*parts: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def domain_sandbox(settings: dict[str, Any] | None) -> Any:
+    """The domain's `sandboxes.SandboxSpec` (None: the libraries' defaults). A bwrap image given
+    as a spec is registered in this process under its name, so the rubric's code criteria can
+    name it."""
+    if settings is None:
+        return None
+    from sandboxes import SandboxSpec
+    from sandboxes.images import ImageSpec, register_image
+
+    sandbox = SandboxSpec.from_dict(settings)
+    if isinstance(sandbox.image, ImageSpec):
+        register_image(sandbox.image)
+    return sandbox
+
+
+def scoring_rubric_spec(rubric_spec: dict[str, Any], sandbox: Any) -> dict[str, Any]:
+    """The rubric spec the run scores with: the domain's sandbox under the rubric's own
+    ``sandbox`` block (what the rubric names wins; a rubric asks for what its criteria need)."""
+    if sandbox is None:
+        return rubric_spec
+    from sandboxes import LIMITS
+    from sandboxes.images import ImageSpec
+
+    base: dict[str, Any] = {name: getattr(sandbox, name) for name in LIMITS}
+    base.update(driver=sandbox.driver, network=sandbox.network)
+    if isinstance(sandbox.image, ImageSpec):
+        base["image"] = sandbox.image.name
+    elif isinstance(sandbox.image, str):
+        base["image"] = sandbox.image
+    return {**rubric_spec, "sandbox": {**base, **rubric_spec.get("sandbox", {})}}
+
+
 def _rubric_digest(rubric_spec: dict[str, Any]) -> str:
     canonical = json.dumps(rubric_spec, sort_keys=True, separators=(",", ":"))
     return f"{rubric_spec.get('version', 0)}:{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
@@ -308,7 +340,11 @@ class _Run:
         self.sink: Sink = sink if self.rank == 0 else NullSink()
         self.engine = make_engine(spec.rollout_engine_config(), self.model_dir)
         self.tokenizer = self.trainer.tokenizer
-        self.rubrics = {d.name: Rubric.from_spec(d.rubric_spec) for d in spec.domains}
+        self.sandboxes = {d.name: domain_sandbox(d.sandbox) for d in spec.domains}
+        self.rubrics = {
+            d.name: Rubric.from_spec(scoring_rubric_spec(d.rubric_spec, self.sandboxes[d.name]))
+            for d in spec.domains
+        }
         self.rubric_digests = {d.name: _rubric_digest(d.rubric_spec) for d in spec.domains}
         self.domains = {d.name: d for d in spec.domains}
         self.sampler = DomainMixSampler(
@@ -477,8 +513,12 @@ class _Run:
                             policy_version=out.policy_version,
                         )
                     )
-        if with_tools:
-            results.extend(self._episodes(with_tools, n, temperature, seed))
+        by_domain: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+        for item in with_tools:
+            by_domain.setdefault(item[1], []).append(item)
+        for domain_items in by_domain.values():
+            # One domain at a time: its episodes run in that domain's sandbox.
+            results.extend(self._episodes(domain_items, n, temperature, seed))
         order = {id(item[2]): i for i, item in enumerate(items)}
         results.sort(key=lambda s: order[id(s.task)])
         return results
@@ -497,12 +537,14 @@ class _Run:
         from training.rollout.base import SamplingConfig
 
         tools = self.spec.tools
+        sandbox = self.sandboxes.get(items[0][1]) if items else None
         config = AgentConfig(
             max_turns=tools.max_turns,
             max_total_tokens=tools.max_total_tokens,
             max_new_tokens_per_turn=self.spec.sampling.max_new_tokens,
             tool_timeout_s=tools.timeout_s,
             observation_max_chars=max(1, tools.max_tool_output_chars),
+            **({"sandbox": sandbox} if sandbox is not None else {}),
         )
         sampling = SamplingConfig(
             temperature=temperature,

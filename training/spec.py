@@ -140,6 +140,10 @@ class DomainSpec(SpecModel):
     # The console registry's version number of the rubric (trajectories carry it beside the
     # rubric's digest); None for a run not started from the registry (the CLI).
     rubric_version: int | None = Field(default=None, ge=1)
+    # The domain's sandbox (a `sandboxes.SandboxSpec` dict: driver, image, limits, network):
+    # tool calls run in it, and the rubric's code criteria start from it (the rubric's own
+    # `sandbox` block overrides what it names). None: the libraries' defaults.
+    sandbox: dict[str, Any] | None = None
 
 
 class BatchSpec(SpecModel):
@@ -483,6 +487,15 @@ def _domain_problems(domains: list[Any]) -> list[str]:
             for issue in validate_spec(rubric_spec):
                 where = f"{path}.rubric_spec" + (f".{issue.path}" if issue.path else "")
                 problems.append(f"{where}: {issue.message}")
+        sandbox = item.get("sandbox")
+        if isinstance(sandbox, dict):
+            from sandboxes import SandboxSpec, SandboxSpecError
+
+            try:
+                SandboxSpec.from_dict(sandbox)
+            except SandboxSpecError as error:
+                for field_name, message in error.errors.items():
+                    problems.append(f"{path}.sandbox.{field_name}: {message}")
         for key in ("tasks", "eval_tasks"):
             problems += _task_problems(item.get(key), f"{path}.{key}")
         for key in ("task_source", "eval_source"):

@@ -20,7 +20,7 @@ from console.accounts.models import Membership, Role
 from console.api import ErrorOut, Pagination, answers, api_membership
 from console.registry.jsonvalues import json_value_problem
 from console.runs import selectors, services
-from console.runs.launch import LaunchError
+from console.runs.launch import LaunchError, launch_document_json_schema
 from console.runs.models import CommandKind, Run
 
 router = Router(tags=["runs"])
@@ -57,6 +57,7 @@ class LaunchIn(Schema):
             "is the run spec's own (algorithm, batch, sampling, kl, eval, checkpoint, ewc, "
             "tools, rollout, deepspeed, lr, lr_warmup_steps, max_steps, seed, cpu_threads)."
         ),
+        json_schema_extra=launch_document_json_schema(),
     )
     gpus: int = Field(0, ge=0, le=64, description="GPUs the run needs (0: a CPU slot)")
     cpu_slots: int = Field(1, ge=1, le=64)

@@ -140,3 +140,53 @@ def check_document_shape(document: Any) -> dict[str, list[str]]:
         else:
             seen.add(slug)
     return errors
+
+
+def launch_document_json_schema() -> dict[str, Any]:
+    """The launch document's JSON Schema (published in the API's OpenAPI document): the run
+    spec's own (`training.spec.run_spec_json_schema`), with registry references for the model
+    and the domains, without what the console sets itself, and with every reference inlined
+    (the OpenAPI document has no room for the spec's own ``$defs``)."""
+    from training.spec import run_spec_json_schema
+
+    schema = run_spec_json_schema()
+    definitions = schema.pop("$defs", {})
+    schema["title"] = "Launch document"
+    properties = schema["properties"]
+    for key in CONSOLE_OWNED:
+        properties.pop(key, None)
+    properties["base_model"] = {
+        "type": "string",
+        "minLength": 1,
+        "description": "a registered model's slug, or 'slug@N' for its version N",
+    }
+    properties["domains"] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["domain"],
+            "properties": {
+                "domain": {"type": "string", "description": "one of your team's domains"},
+                "weight": {"type": "number", "minimum": 0},
+                "pass_threshold": {"type": "number"},
+                "max_new_tokens": {"type": "integer", "minimum": 1},
+            },
+        },
+    }
+    checkpoint = definitions.get("CheckpointSpec", {}).get("properties", {})
+    for key in CONSOLE_OWNED_CHECKPOINT:
+        checkpoint.pop(key, None)
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(copy.deepcopy(definitions[ref.removeprefix("#/$defs/")]))
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(value) for value in node]
+        return node
+
+    return dict(inline(schema))

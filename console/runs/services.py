@@ -275,7 +275,8 @@ def _pin_domain(
             if image_version and domain.sandbox_image
             else None
         ),
-        "sandbox": image_version.limits() if image_version else None,
+        # What the run's sandboxes start from (tool calls and the rubric's code criteria).
+        "sandbox": image_version.sandbox_spec() if image_version else None,
         "taskset_version": domain.taskset_version,
         "held_out_count": domain.tasks.filter(
             taskset_version=domain.taskset_version, split=TaskSplit.HELD_OUT
@@ -309,6 +310,8 @@ def training_spec(
             "task_source": {"kind": "jsonl", "path": task_file(run, pin["slug"], "train")},
             "sandbox_image": pin["sandbox_image"],
         }
+        if pin["sandbox"] is not None:
+            domain["sandbox"] = pin["sandbox"]
         if pin["held_out_count"]:
             domain["eval_source"] = {
                 "kind": "jsonl",

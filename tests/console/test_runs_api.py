@@ -265,3 +265,27 @@ def test_the_openapi_document_lists_the_runs_endpoints(api_client_as):
         "/api/models", "/api/hosts",
     ):  # fmt: skip
         assert path in paths, path
+
+
+def test_the_domains_registered_sandbox_image_is_pinned_into_the_run(
+    registry, people, api_client_as, settings, tmp_path
+):
+    from console.registry import services as registry_services
+
+    settings.RUNS_ROOT = tmp_path / "runs"
+    image = registry_services.sandbox_image_create(
+        actor=people.owner, team=people.team, slug="py-tools", title="Py tools",
+        driver="bwrap", image_ref="", setup_script="echo ok > /image/ok", cpu=1.0,
+        memory_mb=384, pids=48, disk_mb=128, timeout_s=7, network="none",
+    )  # fmt: skip
+    registry_services.sandbox_image_version_publish(
+        actor=people.owner, version=image.versions.get()
+    )
+    registry.sandbox_image = image
+    registry.save()
+    response = post(api_client_as("owner"), "/api/runs", {"spec": document()})
+    assert response.status_code == 201, response.content
+    domain = Run.objects.get().spec["domains"][0]
+    assert domain["sandbox_image"] == "py-tools@1"
+    assert domain["sandbox"]["memory_mb"] == 384 and domain["sandbox"]["timeout_s"] == 7
+    assert domain["sandbox"]["image"]["setup"] == "echo ok > /image/ok"
