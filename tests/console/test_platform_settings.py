@@ -159,3 +159,15 @@ def test_docker_compose_refuses_to_run_without_its_secrets():
     done = compose_config({})
     assert done.returncode != 0
     assert "set SECRET_KEY" in done.stderr or "set POSTGRES_PASSWORD" in done.stderr
+
+
+def test_every_variable_the_settings_read_is_documented_in_settings_md():
+    source = (BASE_DIR / "console" / "settings.py").read_text()
+    read = set(re.findall(r"\benv_\w+\(\s*\"([A-Z][A-Z0-9_]*)\"", source))
+    assert {"DEBUG", "DATABASE_URL", "RUNS_SWEEP_S"} <= read  # the pattern finds the readers
+    documented = set(
+        re.findall(
+            r"^\| `([A-Z][A-Z0-9_]*)` \|", (BASE_DIR / "docs" / "SETTINGS.md").read_text(), re.M
+        )
+    )
+    assert sorted(read - documented) == []
