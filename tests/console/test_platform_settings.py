@@ -150,8 +150,11 @@ def test_docker_compose_file_is_valid_and_has_every_service():
     assert web["environment"]["DEBUG"] == "0"
     command = web["command"] if isinstance(web["command"], str) else " ".join(web["command"])
     assert "migrate" in command and "console.asgi:application" in command
+    # The host agent command registers the host and consumes host.<name> (its queue).
     agent = config["services"]["host-agent"]
-    assert "host.gpu-host-1" in agent["command"]
+    assert agent["command"] == ["python", "manage.py", "host_agent", "--name", "gpu-host-1"]
+    control = config["services"]["control-worker"]["command"]
+    assert "-B" in control and control[control.index("-Q") + 1] == "control"
 
 
 @needs_compose
