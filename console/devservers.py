@@ -11,8 +11,8 @@ exports both URLs to CMD, returns CMD's exit status, stops the servers and delet
 also when it is interrupted (SIGINT/SIGTERM).
 
 `demo` keeps its servers' data under `var/` (a rerun reuses it), migrates, seeds the demo
-team, and starts the ASGI server and two Celery workers (the control worker and this machine's
-host agent) until Ctrl-C.
+team, and starts the ASGI server, the Celery control worker (with its beat) and this machine's
+host agent (`manage.py host_agent`) until Ctrl-C.
 
 Both servers outlive the Python process that launched them (pg_ctl detaches the postmaster; a
 Redis in its own session ignores our terminal), so they are stopped here by process id and

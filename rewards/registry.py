@@ -8,7 +8,6 @@ so validating a spec in the console never loads a model or a mesh library.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -150,10 +149,3 @@ def criterion_kinds() -> dict[str, CriterionKindInfo]:
         )
         for name, cls in sorted(_KINDS.items())
     }
-
-
-def problem_if(condition: bool, path: str, message: str) -> list[ParamProblem]:
-    return [(path, message)] if condition else []
-
-
-Check = Callable[[dict[str, Any]], list[ParamProblem]]

@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
     from sandboxes import ExecResult, PythonZygote, Sandbox, SandboxPool, SandboxSpec
 
-IMAGE_SITE = "/image/site"
 IMAGE_RUFF = "/image/bin/ruff"
 TOOLS_IMAGE_NAME = "rewards-code-tools"
 PYTHON_EVALUATIONS = ("zygote", "fresh_sandbox")

@@ -141,10 +141,6 @@ class AlgorithmConfig(SpecModel):
     def needs_value_head(self) -> bool:
         return self.advantage_estimator == "gae"
 
-    @property
-    def needs_groups(self) -> bool:
-        return self.advantage_estimator not in ("gae", "reinforce_plus_plus")
-
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> AlgorithmConfig:
         """The defaults of a named algorithm (``ALGORITHM_PRESETS``), with overrides."""

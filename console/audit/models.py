@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import json
-
 from django.conf import settings
 from django.db import models
 
@@ -44,11 +42,3 @@ class AuditEntry(models.Model):
     def changes(self) -> list[FieldChange]:
         """Only the fields this write changed (see console.audit.diff), for the log's page."""
         return field_changes(self.before, self.after)
-
-    @property
-    def before_text(self) -> str:
-        return json.dumps(self.before, indent=1, sort_keys=True, ensure_ascii=False)
-
-    @property
-    def after_text(self) -> str:
-        return json.dumps(self.after, indent=1, sort_keys=True, ensure_ascii=False)

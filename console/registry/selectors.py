@@ -142,14 +142,6 @@ def rubric_list(*, team: Team | int, query: str = "") -> QuerySet[Rubric]:
     return versioned_list(kind=RUBRIC, team=team, query=query)
 
 
-def rubric_get(*, pk: int) -> Rubric:
-    return versioned_get(kind=RUBRIC, pk=pk)  # type: ignore[no-any-return]
-
-
-def rubric_version_get(*, rubric: Rubric, number: int) -> RubricVersion:
-    return versioned_version_get(kind=RUBRIC, obj=rubric, number=number)  # type: ignore[no-any-return]
-
-
 def rubric_version_changes(*, version: RubricVersion) -> list[tuple[str, str]]:
     """Lines of a unified diff of the source against the previous version, each with its kind
     (add, remove, hunk, same) for the page; empty for version 1."""
@@ -175,10 +167,6 @@ def rubric_draft(*, rubric: Rubric) -> RubricVersion | None:
     return versioned_draft(kind=RUBRIC, obj=rubric)  # type: ignore[no-any-return]
 
 
-def rubric_latest(*, rubric: Rubric) -> RubricVersion | None:
-    return versioned_latest(kind=RUBRIC, obj=rubric)  # type: ignore[no-any-return]
-
-
 def rubric_choices(*, team: Team | int) -> QuerySet[Rubric]:
     """The team's rubrics a domain may point to, each with `has_published` (a run needs one)."""
     return (
@@ -192,20 +180,8 @@ def sandbox_image_list(*, team: Team | int, query: str = "") -> QuerySet[Sandbox
     return versioned_list(kind=SANDBOX_IMAGE, team=team, query=query)
 
 
-def sandbox_image_get(*, pk: int) -> SandboxImage:
-    return versioned_get(kind=SANDBOX_IMAGE, pk=pk)  # type: ignore[no-any-return]
-
-
-def sandbox_image_version_get(*, image: SandboxImage, number: int) -> SandboxImageVersion:
-    return versioned_version_get(kind=SANDBOX_IMAGE, obj=image, number=number)  # type: ignore[no-any-return]
-
-
 def sandbox_image_draft(*, image: SandboxImage) -> SandboxImageVersion | None:
     return versioned_draft(kind=SANDBOX_IMAGE, obj=image)  # type: ignore[no-any-return]
-
-
-def sandbox_image_latest(*, image: SandboxImage) -> SandboxImageVersion | None:
-    return versioned_latest(kind=SANDBOX_IMAGE, obj=image)  # type: ignore[no-any-return]
 
 
 def sandbox_image_choices(*, team: Team | int) -> QuerySet[SandboxImage]:

@@ -495,9 +495,6 @@ class VersionedKind:
     def versions(self, obj: Any) -> models.QuerySet:
         return self.version_model.objects.filter(**{self.parent_field: obj})  # type: ignore[attr-defined, no-any-return]
 
-    def parent_of(self, version: Any) -> Any:
-        return getattr(version, self.parent_field)
-
 
 def _next_number(versions: models.QuerySet) -> int:
     return (versions.aggregate(top=Max("number"))["top"] or 0) + 1
@@ -822,14 +819,6 @@ def sandbox_image_create(
         title=title,
         description=description,
         payload=version_values,
-    )
-
-
-def sandbox_image_update(
-    *, actor: Any, image: SandboxImage, slug: str, title: str, description: str
-) -> SandboxImage:
-    return versioned_update(  # type: ignore[no-any-return]
-        kind=SANDBOX_IMAGE, actor=actor, obj=image, slug=slug, title=title, description=description
     )
 
 

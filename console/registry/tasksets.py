@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any
 
 import msgspec
@@ -48,14 +48,6 @@ class ParsedTask:
     ground_truth: Any
     metadata: dict[str, Any]
     split: str | None
-
-
-@dataclass
-class ReadSummary:
-    lines: int = 0
-    valid: int = 0
-    invalid: int = 0
-    errors: list[RowError] = field(default_factory=list)
 
 
 # The split hashes "<seed>:<index>" with MD5 and keeps the first 60 bits, because PostgreSQL

@@ -29,9 +29,7 @@ from console.accounts.models import Membership, Role
 from console.registry import forms, scoring, selectors, services, specs
 from console.registry.models import (
     Domain,
-    Rubric,
     RubricVersion,
-    SandboxImage,
     TaskSplit,
 )
 from console.registry.uploads import SizeLimitHandler
@@ -76,22 +74,10 @@ def _version_for(
         raise Http404("No such version") from None
 
 
-def _rubric_for(
-    request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
-) -> tuple[Rubric, Membership]:
-    return _versioned_for(request, services.RUBRIC, pk, role)  # type: ignore[return-value]
-
-
 def _rubric_version_for(
     request: HttpRequest, pk: int, number: int, role: str = Role.ANNOTATOR
 ) -> tuple[RubricVersion, Membership]:
     return _version_for(request, services.RUBRIC, pk, number, role)  # type: ignore[return-value]
-
-
-def _image_for(
-    request: HttpRequest, pk: int, role: str = Role.ANNOTATOR
-) -> tuple[SandboxImage, Membership]:
-    return _versioned_for(request, services.SANDBOX_IMAGE, pk, role)  # type: ignore[return-value]
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from rewards.registry import Criterion, ParamProblem, register
 from rewards.types import CriterionError, Outcome, Sample
 
 _WHITESPACE = re.compile(r"\s+")
-_TRAILING_PUNCTUATION = ".,;:!?"
 
 
 def _normalise_text(text: str, *, case_sensitive: bool, strip_punctuation: bool) -> str:

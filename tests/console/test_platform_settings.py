@@ -150,8 +150,11 @@ def test_docker_compose_file_is_valid_and_has_every_service():
     assert web["environment"]["DEBUG"] == "0"
     command = web["command"] if isinstance(web["command"], str) else " ".join(web["command"])
     assert "migrate" in command and "console.asgi:application" in command
+    # The host agent command registers the host and consumes host.<name> (its queue).
     agent = config["services"]["host-agent"]
-    assert "host.gpu-host-1" in agent["command"]
+    assert agent["command"] == ["python", "manage.py", "host_agent", "--name", "gpu-host-1"]
+    control = config["services"]["control-worker"]["command"]
+    assert "-B" in control and control[control.index("-Q") + 1] == "control"
 
 
 @needs_compose
@@ -159,3 +162,15 @@ def test_docker_compose_refuses_to_run_without_its_secrets():
     done = compose_config({})
     assert done.returncode != 0
     assert "set SECRET_KEY" in done.stderr or "set POSTGRES_PASSWORD" in done.stderr
+
+
+def test_every_variable_the_settings_read_is_documented_in_settings_md():
+    source = (BASE_DIR / "console" / "settings.py").read_text()
+    read = set(re.findall(r"\benv_\w+\(\s*\"([A-Z][A-Z0-9_]*)\"", source))
+    assert {"DEBUG", "DATABASE_URL", "RUNS_SWEEP_S"} <= read  # the pattern finds the readers
+    documented = set(
+        re.findall(
+            r"^\| `([A-Z][A-Z0-9_]*)` \|", (BASE_DIR / "docs" / "SETTINGS.md").read_text(), re.M
+        )
+    )
+    assert sorted(read - documented) == []

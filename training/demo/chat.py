@@ -42,7 +42,6 @@ ROLE_TOKENS = {
     "tool": "<|tool|>",
 }
 SPECIAL_TOKENS = [PAD, END, *ROLE_TOKENS.values()]
-TOOL_NAMES = ("python", "shell")
 
 # The same format as a Jinja chat template, so `tokenizer.apply_chat_template` agrees with
 # `render_chat` for code that treats the demo model like any other Hugging Face model. Jinja
