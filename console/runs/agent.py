@@ -104,13 +104,18 @@ def heartbeat_forever(name: str, stop: threading.Event) -> None:
 
 
 def write_task_files(run: Run) -> None:
-    """The pinned task-set versions as the JSONL files the run spec names (once per run: the
-    pins never change, so a later attempt finds them written)."""
+    """The pinned task-set versions, written where the run's spec reads them (once per run:
+    the pins never change, so a later attempt finds them written)."""
     from console.registry.models import Task
 
-    for pin in run.pins.get("domains", []):
-        for split in ("train", "held_out"):
-            path = Path(services.task_file(run, pin["slug"], split))
+    pins = {pin["slug"]: pin for pin in run.pins.get("domains", [])}
+    for domain in run.spec.get("domains", []):
+        pin = pins[domain["name"]]
+        for key, split in (("task_source", "train"), ("eval_source", "held_out")):
+            source = domain.get(key)
+            if not source or source.get("kind") != "jsonl":
+                continue
+            path = Path(source["path"])
             if path.exists():
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)

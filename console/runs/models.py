@@ -10,6 +10,8 @@ here. States follow the job lifecycle in docs/ARCHITECTURE.md.
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -115,6 +117,10 @@ class Run(models.Model):
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
     state_reason = models.CharField(max_length=2000, blank=True)
     error = models.TextField(blank=True)
+    # The run's own directory under RUNS_ROOT (task files, checkpoints, outputs), named at
+    # launch with a random part: a database restored or recreated with the same ids never
+    # points a new run at an old run's files.
+    directory = models.CharField(max_length=1000, blank=True)
     last_step = models.PositiveIntegerField(default=0)
     max_steps = models.PositiveIntegerField(default=0)
     # Trajectories the library's queue dropped because the database fell behind (shown).
@@ -137,11 +143,11 @@ class Run(models.Model):
 
     @property
     def checkpoint_dir(self) -> str:
-        return str(settings.RUNS_ROOT / f"run-{self.pk}" / "checkpoints")
+        return f"{self.work_dir}/checkpoints"
 
     @property
     def work_dir(self) -> str:
-        return str(settings.RUNS_ROOT / f"run-{self.pk}")
+        return self.directory or str(settings.RUNS_ROOT / f"run-{self.pk}")
 
 
 class AttemptState(models.TextChoices):
@@ -290,6 +296,11 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} (run {self.run_id})"
+
+    @property
+    def data_json(self) -> str:
+        """The event's data as JSON (pages show it the way the API gives it)."""
+        return json.dumps(self.data, ensure_ascii=False)
 
 
 class CommandKind(models.TextChoices):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -382,6 +383,8 @@ def run_launch(*, actor: Any, team: Team, document: Any, gpus: int = 0, cpu_slot
             max_steps=0,
             queued_at=timezone.now(),
         )
+        run.directory = str(settings.RUNS_ROOT / f"run-{run.pk}-{secrets.token_hex(4)}")
+        run.save(update_fields=["directory"])
         spec = training_spec(run, document, resolved, model)
         spec_errors = _spec_errors(spec)
         if spec_errors:

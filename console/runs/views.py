@@ -214,6 +214,12 @@ def _live_context(run: Run) -> dict[str, Any]:
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run, membership = _run_for(request, pk)
     if request.htmx and request.GET.get("part") == "live":  # type: ignore[attr-defined]
+        if run.is_terminal:
+            # The run just ended: the whole page (checkpoints, events, logs, the buttons)
+            # changes, not only this part, so htmx reloads it.
+            response = HttpResponse(status=204)
+            response["HX-Refresh"] = "true"
+            return response
         return render(request, "runs/run_detail.html#live", _live_context(run))
     domains = [entry["slug"] for entry in run.pins.get("domains", [])]
     context = {

@@ -425,6 +425,16 @@ def test_the_live_part_is_a_fragment(owner_client: Client, lab: Lab) -> None:
     assert "<html" not in content
 
 
+def test_the_live_part_reloads_the_whole_page_once_the_run_has_ended(
+    owner_client: Client, lab: Lab
+) -> None:
+    Run.objects.filter(pk=lab.run.pk).update(state=RunState.COMPLETED)
+    url = reverse("runs:run_detail", args=[lab.run.pk]) + "?part=live"
+    response = owner_client.get(url, **HTMX)
+    assert response.status_code == 204
+    assert response["HX-Refresh"] == "true"
+
+
 def test_preempting_a_queued_run_is_a_message_not_an_error(owner_client: Client, lab: Lab) -> None:
     response = owner_client.post(reverse("runs:run_preempt", args=[lab.run.pk]), follow=True)
     assert response.status_code == 200

@@ -11,7 +11,7 @@ import pytest
 from console.registry.demo import seed_demo_domain
 from console.runs.demo import seed_models
 from console.runs.models import Run, TrajectoryRecord
-from tests.console.runs_cluster import Cluster
+from tests.console.runs_cluster import Cluster, wait_for
 from tests.e2e.conftest import login, screenshot
 from training.demo.domains import get_domain
 
@@ -46,10 +46,17 @@ def test_a_run_launched_from_the_new_run_page_reaches_completed(
     page.get_by_role("button", name="Launch run").click()
     page.wait_for_url("**/runs/*/")
     run = Run.objects.get(name="parity-from-the-browser")
-    # The page polls its state; the run goes queued -> scheduled -> running -> completed.
-    page.locator("#run-live .badge.state-completed").wait_for(timeout=600_000)
-    screenshot(page, "page-run-completed")
+    wait_for(
+        lambda: Run.objects.get(pk=run.pk).is_terminal, timeout=600, what="the run to end",
+        cluster=cluster,
+    )  # fmt: skip
     run.refresh_from_db()
     assert run.state == "completed", f"{run.state_reason}\n{run.error}\n{cluster.logs()}"
+    # The open page polls its state; once the run has ended it reloads itself whole, so the
+    # checkpoints, events and logs are there too, without the user reloading it.
+    page.locator("#run-state .badge.state-completed").wait_for(timeout=30_000)
+    page.get_by_text("run.completed").first.wait_for(timeout=30_000)
+    assert page.get_by_text("Cancel…").count() == 0  # a finished run offers no cancel
+    screenshot(page, "page-run-completed")
     assert TrajectoryRecord.objects.filter(run=run).count() == 4 * 4 * 4
     assert "completed" in page.locator("#run-live").inner_text().lower()
