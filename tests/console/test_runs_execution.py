@@ -142,3 +142,49 @@ def test_a_killed_host_agent_hands_the_run_to_another_host_without_gap_or_duplic
     assert sorted(counts) == list(range(1, 13))
     assert set(counts.values()) == {16}
     assert final.dropped_trajectories == 0
+
+
+def test_operators_steer_a_running_run_preempt_it_and_cancel_it(cluster, parity, api_client_as):
+    cluster.start_agent("host-c")
+    document = default_document(model="demo", domains=[("parity", 1.0)])
+    document.update(name="parity-steered", max_steps=500)
+    document["batch"].update(prompts_per_step=2, group_size=2)
+    document["eval"].update(at_start=False, at_end=False)
+    api = api_client_as("owner")
+    run = launch(api, document)
+    wait_for(
+        lambda: Run.objects.get(pk=run["id"]).last_step >= 2,
+        timeout=300, what="the run to be training", cluster=cluster,
+    )  # fmt: skip
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        url = f"/api/runs/{run['id']}/{path}"
+        return api.post(url, data=json.dumps(body), content_type="application/json")
+
+    def kinds() -> list[str]:
+        return list(
+            RunEvent.objects.filter(run_id=run["id"]).order_by("id").values_list("kind", flat=True)
+        )
+
+    assert post("overrides", {"temperature": 0.7, "reason": "less noise"}).status_code == 200
+    wait_for(lambda: "sampling.temperature_changed" in kinds(), timeout=120, what="the override")
+    # Preempt: a checkpoint, the attempt ends, the run queues and resumes from that step.
+    assert post("preempt", {"reason": "make room"}).status_code == 200
+    wait_for(
+        lambda: Attempt.objects.filter(run_id=run["id"], number=2, state="running").exists(),
+        timeout=300, what="the preempted run to resume", cluster=cluster,
+    )  # fmt: skip
+    first, second = Attempt.objects.filter(run_id=run["id"]).order_by("number")
+    assert first.state == "preempted"
+    preempt_checkpoint = Checkpoint.objects.get(run_id=run["id"], reason="preempt")
+    assert second.start_step == preempt_checkpoint.step > 0
+    assert second.resume_from == preempt_checkpoint.path
+    # Cancel: the job stops at its next step; the run ends cancelled.
+    assert post("cancel", {"reason": "enough"}).status_code == 200
+    wait_for(lambda: state_of(run["id"]) == "cancelled", timeout=120, what="the cancel")
+    second.refresh_from_db()
+    assert second.state == "cancelled"
+    assert {"control.delivered", "run.preempted", "run.cancelled"} <= set(kinds())
+    # The second attempt started where the preemption checkpointed.
+    resumed = RunEvent.objects.filter(run_id=run["id"], kind="run.started").order_by("-id")[0]
+    assert resumed.data["step"] == preempt_checkpoint.step
