@@ -126,8 +126,10 @@ def _bench(work: Path, env: dict[str, str], processes: list, repeats: int) -> in
                 "total": step1 - start,
             }
         )
-        while not Run.objects.get(pk=run.pk).is_terminal:
+        # Idle again: the agent has seen the job exit (it records the exit code last).
+        while Attempt.objects.get(pk=attempt.pk).exit_code is None:
             time.sleep(0.2)
+        time.sleep(1.0)
 
     # Baseline: the same spec (the run's pinned training spec) through the CLI.
     spec = dict(Run.objects.get(name="latency-0").spec)
