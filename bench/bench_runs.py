@@ -107,10 +107,21 @@ def _bench(total: int, batch: int) -> int:
 
     # The console's Sink, from dicts.
     sink = ConsoleSink(new_attempt())
+    profile = None
+    if os.environ.get("BENCH_PROFILE"):
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     start = time.perf_counter()
     for offset in range(0, total, batch):
         sink.trajectories(items[offset : offset + batch])
     sink_s = time.perf_counter() - start
+    if profile is not None:
+        import pstats
+
+        profile.disable()
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(18)
     assert sink.written == total
 
     # Row by row through the ORM, on a tenth of the rows.

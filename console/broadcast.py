@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import queue
+import threading
+import time
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -90,9 +93,52 @@ def _broadcast_logged(group: str, event: str, payload: dict[str, Any]) -> None:
         logger.exception("broadcast of %s to %s failed", event, group)
 
 
-def broadcast_on_commit(group: str, event: str, payload: dict[str, Any]) -> None:
-    """Send once the current transaction commits (at once when there is none)."""
-    transaction.on_commit(lambda: _broadcast_logged(group, event, payload))
+# Notices sent from a background thread (`wait=False`): a job writing trajectories must not wait
+# for Redis once per batch (that was a quarter of the sink's time). Bounded; when full, new
+# notices are dropped and counted: pages re-read PostgreSQL, the source of truth, anyway.
+_SOON_MAX = 10_000
+_soon: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue(maxsize=_SOON_MAX)
+_soon_thread: threading.Thread | None = None
+_soon_lock = threading.Lock()
+dropped_notices = 0
+
+
+def _send_soon_forever() -> None:
+    while True:
+        group, event, payload = _soon.get()
+        _broadcast_logged(group, event, payload)
+        _soon.task_done()
+
+
+def broadcast_soon(group: str, event: str, payload: dict[str, Any]) -> None:
+    """Send from a background thread, in order, without waiting for Redis."""
+    global _soon_thread, dropped_notices
+    with _soon_lock:
+        if _soon_thread is None or not _soon_thread.is_alive():
+            _soon_thread = threading.Thread(
+                target=_send_soon_forever, name="broadcast", daemon=True
+            )
+            _soon_thread.start()
+    try:
+        _soon.put_nowait((group, event, payload))
+    except queue.Full:
+        dropped_notices += 1
+
+
+def flush_soon(timeout: float = 5.0) -> None:
+    """Wait (up to `timeout`) until notices sent with `broadcast_soon` have gone out."""
+    deadline = time.monotonic() + timeout
+    while _soon.unfinished_tasks and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def broadcast_on_commit(
+    group: str, event: str, payload: dict[str, Any], *, wait: bool = True
+) -> None:
+    """Send once the current transaction commits (at once when there is none); with
+    ``wait=False`` from a background thread (`broadcast_soon`)."""
+    send = _broadcast_logged if wait else broadcast_soon
+    transaction.on_commit(lambda: send(group, event, payload))
 
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):

@@ -55,13 +55,16 @@ def run_group(run_id: int) -> str:
     return f"run.{run_id}"
 
 
-def notify(run: Run, event: str, payload: dict[str, Any], *, to_lists: bool = True) -> None:
+def notify(
+    run: Run, event: str, payload: dict[str, Any], *, to_lists: bool = True, wait: bool = True
+) -> None:
     """A compact notice after commit to the run's page (and, with `to_lists`, to the team's
-    run lists: state changes go there, per-batch notices do not)."""
+    run lists: state changes go there, per-batch notices do not). ``wait=False`` sends from a
+    background thread (a job's sink must not wait for Redis)."""
     payload = {"run": run.pk, **payload}
     if to_lists:
-        broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload)
-    broadcast_on_commit(run_group(run.pk), event, payload)
+        broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload, wait=wait)
+    broadcast_on_commit(run_group(run.pk), event, payload, wait=wait)
 
 
 def record_event(

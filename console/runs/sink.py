@@ -176,6 +176,7 @@ class ConsoleSink:
                 "run.trajectories",
                 {"steps": steps, "count": len(rows), "inserted": inserted},
                 to_lists=False,
+                wait=False,
             )
         self.written += inserted
 
@@ -191,7 +192,11 @@ class ConsoleSink:
             )
             Run.objects.filter(pk=self.run.pk, last_step__lt=step).update(last_step=step)
             services.notify(
-                self.run, "run.metrics", {"step": step, "keys": sorted(clean)}, to_lists=False
+                self.run,
+                "run.metrics",
+                {"step": step, "keys": sorted(clean)},
+                to_lists=False,
+                wait=False,
             )
 
     def checkpoint(self, info: dict[str, Any]) -> None:

@@ -86,3 +86,30 @@ def test_a_stream_for_researchers_refuses_an_annotator(client_as, people):
         f"/ws/researchers/{team_id}/", headers_for(client_as(TEAMMATE_ANNOTATOR)), team_id
     )
     assert (connected, code) == (False, 4403)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_notices_sent_without_waiting_arrive_in_order_after_commit():
+    from channels.layers import get_channel_layer
+    from django.db import transaction
+
+    from console.broadcast import flush_soon
+
+    layer = get_channel_layer()
+
+    async def listen(count: int) -> list[dict]:
+        channel = await layer.new_channel()
+        await layer.group_add("run.test-soon", channel)
+        await sync_to_async(send_batches)(count)
+        received = [await layer.receive(channel) for _ in range(count)]
+        await layer.group_discard("run.test-soon", channel)
+        return received
+
+    def send_batches(count: int) -> None:
+        for index in range(count):
+            with transaction.atomic():
+                broadcast_on_commit("run.test-soon", "run.trajectories", {"i": index}, wait=False)
+        flush_soon()
+
+    received = async_to_sync(listen)(20)
+    assert [message["payload"]["i"] for message in received] == list(range(20))

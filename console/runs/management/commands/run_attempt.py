@@ -15,6 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.broadcast import flush_soon
 from console.runs import agent, services
 from console.runs.models import Attempt, RunEvent
 
@@ -87,11 +88,12 @@ class Command(BaseCommand):
             self.stderr.write(error)
         services.attempt_finished(
             attempt_id=attempt.pk,
-            status=outcome.status,
+            status=status,
             step=outcome.step,
             error=error,
-            exit_code=0 if outcome.status != "failed" else 1,
+            exit_code=0 if status != "failed" else 1,
         )
-        self.stdout.write(f"attempt {attempt.number}: {outcome.status} at step {outcome.step}")
-        if outcome.status == "failed":
+        self.stdout.write(f"attempt {attempt.number}: {status} at step {outcome.step}")
+        flush_soon()  # the last notices to open pages, before the process ends
+        if status == "failed":
             sys.exit(1)
