@@ -50,6 +50,15 @@ def state_of(run_id: int) -> str:
     return str(Run.objects.get(pk=run_id).state)
 
 
+def agent_done(run: Run, cluster: Cluster) -> Attempt:
+    """The run's last attempt once its agent saw the job exit (it records the exit code after
+    the job's last output is in the log)."""
+    ended = Attempt.objects.filter(run=run, exit_code__isnull=False).order_by("-number")
+    return wait_for(
+        lambda: ended.first(), timeout=60, what="the agent to see the job exit", cluster=cluster
+    )
+
+
 def per_step_counts(run_id: int) -> Counter[int]:
     return Counter(TrajectoryRecord.objects.filter(run_id=run_id).values_list("step", flat=True))
 
@@ -94,7 +103,7 @@ def test_a_run_launched_through_the_api_learns_and_everything_lands_in_postgres(
     assert Checkpoint.objects.filter(run=final).exists()
     kinds = set(RunEvent.objects.filter(run=final).values_list("kind", flat=True))
     assert {"run.queued", "attempt.scheduled", "run.started", "run.completed"} <= kinds
-    attempt = Attempt.objects.get(run=final)
+    attempt = agent_done(final, cluster)
     assert attempt.state == "completed" and attempt.exit_code == 0
     assert "attempt 1 of run parity-api" in attempt.log_text
 
@@ -188,3 +197,32 @@ def test_operators_steer_a_running_run_preempt_it_and_cancel_it(cluster, parity,
     # The second attempt started where the preemption checkpointed.
     resumed = RunEvent.objects.filter(run_id=run["id"], kind="run.started").order_by("-id")[0]
     assert resumed.data["step"] == preempt_checkpoint.step
+
+
+def test_a_job_that_fails_puts_its_traceback_on_the_run(
+    cluster, parity, api_client_as, people, tmp_path
+):
+    from console.runs import services
+
+    # A model whose directory has a config but no weights: the job fails while loading it.
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')
+    services.model_register(
+        actor=people.owner, team=people.team, slug="broken", title="Broken", path=str(broken)
+    )
+    cluster.start_agent("host-d")
+    document = default_document(model="broken", domains=[("parity", 1.0)])
+    document.update(name="parity-broken", max_steps=2)
+    run = launch(api_client_as("owner"), document)
+    wait_for(
+        lambda: Run.objects.get(pk=run["id"]).is_terminal,
+        timeout=300, what="the run to end", cluster=cluster,
+    )  # fmt: skip
+    final = Run.objects.get(pk=run["id"])
+    assert final.state == "failed"
+    assert "Traceback (most recent call last)" in final.error
+    attempt = agent_done(final, cluster)
+    assert attempt.state == "failed" and attempt.exit_code == 1
+    logs = api_client_as("owner").get(f"/api/runs/{run['id']}/logs").json()
+    assert "Traceback" in logs[0]["text"]

@@ -91,8 +91,7 @@ class Command(BaseCommand):
             status=status,
             step=outcome.step,
             error=error,
-            exit_code=0 if status != "failed" else 1,
-        )
+        )  # the exit code is the agent's to record: it sees the process end
         self.stdout.write(f"attempt {attempt.number}: {status} at step {outcome.step}")
         flush_soon()  # the last notices to open pages, before the process ends
         if status == "failed":
