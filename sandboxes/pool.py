@@ -21,8 +21,10 @@ timed out, was killed, was OOM-killed or hit its output cap, when its user close
 ``max_uses`` users (64), or when it cannot be checked that way (another driver, a weaker
 sandbox, ``network="loopback"``). POSIX message queues are refused in recycled sandboxes.
 Shared between its users, as between a zygote's evaluations: the namespaces' counters (pid
-numbers and tmpfs inode numbers go on counting, so a user can tell how many processes and
-files the ones before it made) and the machine's timing. At most ``max_active`` reset
+numbers and tmpfs inode numbers go on counting, and pid 1's own CPU, context-switch and fault
+counts in /proc/1/stat grow, so a user can tell roughly how much the ones before it did: a
+narrow channel that needs both sides to cooperate, which fresh sandboxes do not have) and the
+machine's timing. At most ``max_active`` reset
 sandboxes wait idle.
 """
 
