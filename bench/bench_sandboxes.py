@@ -5,7 +5,9 @@
 1. create + run(["python3", "-c", "pass"]) + destroy, against a bare ``subprocess.run`` of
    the same command (interleaved, so both see the same load): p50, p99 and the p50 ratio.
 2. ``--pool-runs`` short Python runs through a SandboxPool (one thread per slot): runs/s,
-   failures and leftovers, against the same number of bare runs at the same concurrency.
+   failures and leftovers, against the same number of bare runs at the same concurrency
+   (bare before and after, averaged), for a fresh sandbox per run and for a recycling pool
+   (``SandboxPool(recycle=True)``: a reset sandbox per run).
 3. Snapshot (to a file) and restore (into a new sandbox) of a 10 MB work directory.
 4. ``--evaluations`` HumanEval-style unit-test evaluations (a candidate function plus a
    call-side harness that prints what the calls return; the judge compares on the host) through
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import subprocess
@@ -50,6 +53,31 @@ def sandbox_run(spec: SandboxSpec) -> float:
     if result.exit_code != 0:
         raise RuntimeError(result)
     return result.cpu_s or 0.0
+
+
+def sandboxes_cpu() -> float:
+    """CPU seconds of every process in this bench's sandboxes (bwrap, supervisors, commands):
+    their parent cgroup's counter, since a supervisor killed at close is never waited for."""
+    from sandboxes.cgroups import manager
+
+    cgroups = manager()
+    if "cpuacct" in cgroups._v1_parents:
+        return int((cgroups._v1_parents["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+    if cgroups._v2_parent is not None:
+        for line in (cgroups._v2_parent / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    return 0.0
+
+
+def remove_private_cgroup_parent() -> None:
+    from sandboxes.cgroups import manager
+
+    cgroups = manager()
+    for parent in [*cgroups._v1_parents.values(), cgroups._v2_parent]:
+        if parent is not None and parent.name.startswith("sandboxes-bench-"):
+            with contextlib.suppress(OSError):
+                parent.rmdir()
 
 
 def cpu_self() -> float:
@@ -136,26 +164,57 @@ def throughput(runs: int, concurrency: int) -> None:
         return time.perf_counter() - start, failures
 
     spec = SandboxSpec(memory_mb=128, timeout_s=30)
-    pool = SandboxPool(max_active=concurrency)
 
-    def pooled() -> None:
-        result = pool.run(spec, COMMAND)
-        if result.exit_code != 0:
-            raise RuntimeError(result)
+    def through(pool: SandboxPool):
+        def pooled() -> None:
+            result = pool.run(spec, COMMAND)
+            if result.exit_code != 0:
+                raise RuntimeError(result)
 
-    bare_s, bare_failures = drive(bare_run, runs)
-    pool_s, pool_failures = drive(pooled, runs)
-    pool.close()
+        return pooled
+
+    def phase(job_or_pool) -> tuple[float, int, float]:
+        """(seconds, failures, CPU seconds of this process and all it started, pool closed)."""
+        if isinstance(job_or_pool, SandboxPool):
+            before = cpu_self() + sandboxes_cpu()
+            with job_or_pool:
+                seconds, failures = drive(through(job_or_pool), runs)
+            return seconds, failures, cpu_self() + sandboxes_cpu() - before
+        before = cpu_self() + cpu_children()
+        seconds, failures = drive(job_or_pool, runs)
+        return seconds, failures, cpu_self() + cpu_children() - before
+
+    bare_s, bare_failures, bare_cpu = phase(bare_run)
+    pool_s, pool_failures, pool_cpu = phase(SandboxPool(max_active=concurrency))
+    recycled_s, recycled_failures, recycled_cpu = phase(
+        SandboxPool(max_active=concurrency, recycle=True)
+    )
+    bare_again_s, bare_again_failures, bare_again_cpu = phase(bare_run)
+    bare_s = (bare_s + bare_again_s) / 2
+    bare_cpu = (bare_cpu + bare_again_cpu) / 2
+    bare_failures += bare_again_failures
     prefix = f"sb-{os.getpid()}-"
     root = Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]
+
+    def per_run(cpu: float) -> str:
+        return f"CPU per run {cpu / runs * 1000:.1f} ms ({cpu / bare_cpu:.2f}x)"
+
     print(f"pool ({runs} runs, {concurrency} at a time)")
-    print(f"  bare    {runs / bare_s:7.1f} runs/s  failures {bare_failures}")
     print(
-        f"  pool    {runs / pool_s:7.1f} runs/s  failures {pool_failures}  "
-        f"leftovers {len(leftovers)}  (aim >= 100 runs/s)"
+        f"  bare      {runs / bare_s:7.1f} runs/s  failures {bare_failures}  "
+        f"(mean of before and after; CPU per run {bare_cpu / runs * 1000:.1f} ms)"
     )
-    print(f"  ratio   {bare_s / pool_s:.2f} of bare throughput")
+    print(
+        f"  pool      {runs / pool_s:7.1f} runs/s  failures {pool_failures}  "
+        f"ratio {bare_s / pool_s:.2f} of bare, {per_run(pool_cpu)}; a fresh sandbox per run"
+    )
+    print(
+        f"  recycling {runs / recycled_s:7.1f} runs/s  failures {recycled_failures}  "
+        f"ratio {bare_s / recycled_s:.2f} of bare (aim >= 0.8), {per_run(recycled_cpu)}; "
+        "a reset sandbox per run"
+    )
+    print(f"  leftovers {len(leftovers)} (both pools closed)")
 
 
 def snapshots() -> None:
@@ -311,11 +370,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=max(2, os.cpu_count() or 1))
     parser.add_argument("--evaluations", type=int, default=400)
     args = parser.parse_args()
+    # A cgroup parent of our own, so its CPU counter holds this bench's sandboxes alone.
+    os.environ.setdefault("SANDBOXES_CGROUP_PARENT", f"sandboxes-bench-{os.getpid()}")
     print("load:", os.getloadavg(), "cpus:", os.cpu_count())
     latency(args.iterations)
     throughput(args.pool_runs, args.concurrency)
     snapshots()
     evaluations(args.evaluations, args.concurrency)
+    remove_private_cgroup_parent()
     print("load:", os.getloadavg())
     return 0
 

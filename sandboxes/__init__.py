@@ -35,6 +35,15 @@ Each evaluation starts in an empty /work holding the spec's ``files`` and its ow
 and /dev/shm empty, one at a time per zygote; nothing of the judge (expected values) should
 ever be handed to it.
 
+Many short sandboxes (one run each) cost a new set of namespaces each, about twice a bare run's
+CPU. ``SandboxPool(recycle=True)`` (opt-in; the default stays a fresh sandbox per acquire)
+resets a released sandbox and hands it to the next acquire of the same spec: every process
+killed, SysV IPC removed, /work, /tmp and /dev/shm emptied and proven empty, the supervisor's
+inherited state checked, no cgroup limit hit; any doubt (a timeout, an OOM kill, a failed
+check, ``max_uses`` reached) closes it instead. POSIX message queues are refused there, and
+the namespaces' counters (pid and inode numbers, pid 1's CPU and fault counts) go on across
+its users, as across a zygote's evaluations (see ``sandboxes.pool``).
+
 What a ``bwrap`` sandbox sees (the default driver):
 
 - ``/usr`` of the host, read-only, with ``/bin``, ``/lib``, ``/lib64``, ``/sbin`` as on the

@@ -307,6 +307,11 @@ class BwrapDriver:
         self._supervisor: Supervisor | None = None
         self._supervisor_mark: RunMark | None = None
         self._run_mark: RunMark | None = None  # the supervised run in progress
+        #: Set by a recycling pool (``make_recyclable``): why this sandbox may not be handed
+        #: to another user (None while it may), and its cgroup's limit counters when fresh.
+        self.recyclable = False
+        self.tainted: str | None = None
+        self._fresh_events: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -373,6 +378,8 @@ class BwrapDriver:
     def kill(self) -> None:
         """Kills every process of the running command now (safe from any thread)."""
         self._kill_requested = True
+        if self.recyclable:
+            self.tainted = self.tainted or "it was killed"
         mark, supervisor = self._run_mark, self._supervisor
         if self.cgroup is not None and mark is not None:
             if supervisor is not None:
@@ -465,9 +472,19 @@ class BwrapDriver:
         with self._lock:  # one command at a time: they share the cgroup's counters
             if not self._args:
                 raise SandboxError("the sandbox is not open (use it as a context manager)")
-            if self._supervised_next() and _request_size(argv, env) <= MAX_SUPERVISED_REQUEST:
-                return self._run_supervised(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
-            return self._run_locked(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
+            supervised = (
+                self._supervised_next() and _request_size(argv, env) <= MAX_SUPERVISED_REQUEST
+            )
+            if self.recyclable:
+                # Until it has returned a plain result, it is not fit for another user.
+                self.tainted = self.tainted or "a run did not finish normally"
+            if supervised:
+                result = self._run_supervised(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
+            else:
+                result = self._run_locked(argv, stdin, timeout, cwd, env, on_stdout, on_stderr)
+            if self.recyclable and self.tainted == "a run did not finish normally":
+                self.tainted = _why_not_recyclable(result, supervised, self._kill_requested)
+            return result
 
     def evaluate(
         self,
@@ -506,6 +523,90 @@ class BwrapDriver:
                     self._stop_supervisor()
                     raise
 
+    # -- recycling (sandboxes.pool with recycle=True) ----------------------------------------
+    def cannot_recycle(self) -> str | None:
+        """Why this sandbox cannot be reset for another user (None: it can)."""
+        if self.weakened:
+            return f"it runs without {', '.join(sorted(self.weakened))}"
+        if self.cgroup is None or not self.workspace.limited:
+            return "it has no cgroup or tmpfs of its own"
+        if self.spec.network != "none":
+            return "a network namespace keeps state (sockets in TIME_WAIT, say)"
+        if self.writable_image:
+            return "its image is writable"
+        return None
+
+    def make_recyclable(self) -> None:
+        """Readies a fresh sandbox for reuse: every run through the supervisor, which starts
+        now (before any user's code) and whose seccomp filter refuses POSIX message queues
+        (they outlive their processes in the ipc namespace and cannot be listed from inside)."""
+        why = self.cannot_recycle()
+        if why is not None:
+            raise SandboxError(f"this sandbox cannot be recycled: {why}")
+        assert self.cgroup is not None
+        with self._lock:
+            if self._runs or self._supervisor is not None:
+                raise SandboxError("only a sandbox that has run nothing can be made recyclable")
+            self.recyclable = True
+            self.supervise = "always"
+            self._fresh_events = self.cgroup.limit_events()
+        self.start_supervisor_now()
+
+    def recycle(self) -> None:
+        """Resets the sandbox for its next user, or raises SandboxError (then close it).
+
+        Each step defends one thing a user could leave for the next; any doubt fails it:
+        1. no run may be in progress, and no run may have timed out, been killed, hit its
+           memory limit or output cap, or gone through a bwrap of its own (``tainted``);
+        2. processes: the cgroup holds exactly bwrap and the supervisor, and no child group
+           but the supervisor's (every run's group is killed and removed when it ends);
+        3. the supervisor (see ``inside.reset``): reaps, removes SysV IPC, and checks that the
+           ipc and pid namespaces are empty and its own inherited state is unchanged;
+        4. files: /work, /tmp, /dev/shm emptied and reset, the tmpfs proven empty
+           (``Workspace.reset``);
+        5. limits: no pid, memory or OOM counter of the cgroup moved since it was fresh; its
+           limits are written again.
+        Each run has its own cgroup (peak memory, CPU), environment and working directory
+        already, and the hostname cannot change (no capability inside).
+        """
+        if not self._lock.acquire(blocking=False):
+            raise SandboxError("a run is still in progress")
+        try:
+            if not self.recyclable or not self._args:
+                raise SandboxError("the sandbox is closed or not recyclable")
+            if self.tainted is not None:
+                raise SandboxError(f"not recycled: {self.tainted}")
+            supervisor, mark = self._supervisor, self._supervisor_mark
+            if supervisor is None or mark is None or not supervisor.alive:
+                raise SandboxError("its supervisor is gone")
+            assert self.cgroup is not None and mark.child is not None
+            theirs = self.cgroup._pids_in([mark.child])
+            if (
+                supervisor.proc.poll() is not None
+                or len(theirs) != 2
+                or supervisor.proc.pid not in theirs
+                or self.cgroup.pids() != theirs
+                or self.cgroup.children() != [mark.child]
+            ):
+                raise SandboxError("processes or cgroups other than the supervisor's are left")
+            supervisor.reset()
+            self.workspace.reset()
+            events = self.cgroup.limit_events()
+            if events != self._fresh_events:
+                fresh = self._fresh_events
+                raise SandboxError(f"the sandbox hit a limit ({events}; when fresh: {fresh})")
+            self.cgroup.set_limits(
+                memory_mb=self.spec.memory_mb + self.spec.disk_mb + self.supervisor_memory_mb,
+                pids=self.spec.pids,
+                cpu=self.spec.cpu,
+            )
+            self._kill_requested = False
+        except BaseException:
+            self.tainted = self.tainted or "its reset failed"
+            raise
+        finally:
+            self._lock.release()
+
     def _supervised_next(self) -> bool:
         # Without a cgroup a run's processes cannot be told apart from the supervisor's.
         if self.cgroup is None or self.supervise == "never":
@@ -528,7 +629,7 @@ class BwrapDriver:
         if self._seccomp is not None:
             program = seccomp.build_filter(
                 block_ip_sockets=self.spec.network == "none",
-                deny_message_queues=self.supervisor_mode == "python",
+                deny_message_queues=self.supervisor_mode == "python" or self.recyclable,
             )
             filter_fd = seccomp.filter_fd(program)
             passed.append(filter_fd)
@@ -643,6 +744,8 @@ class BwrapDriver:
         for attempt in (1, 2):
             supervisor = self._supervisor
             if supervisor is None or not supervisor.alive:
+                if self.recyclable:
+                    self.tainted = "its supervisor had to be restarted"
                 self._stop_supervisor()
                 started = time.monotonic()
                 try:
@@ -788,6 +891,20 @@ class BwrapDriver:
         if "exit-code" not in status and sig is None and timed_out:
             sig, code = signal.SIGKILL, 128 + signal.SIGKILL
         return self._captured_result(out, err, code, sig, wall, cpu_s, peak, timed_out, oom)
+
+
+def _why_not_recyclable(result: ExecResult, supervised: bool, killed: bool) -> str | None:
+    if not supervised:
+        return "a command ran in a bwrap of its own"
+    if killed:
+        return "a run was killed"
+    if result.timed_out:
+        return "a run timed out"
+    if result.oom_killed:
+        return "a run was OOM-killed"
+    if result.truncated:
+        return "a run's output was cut at its limit"
+    return None
 
 
 def pump_streams(

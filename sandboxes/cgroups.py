@@ -198,6 +198,17 @@ class CgroupGroup:
     def begin_run(self, name: str, memory_mb: int) -> RunMark:
         raise NotImplementedError
 
+    def limit_events(self) -> dict[str, int]:
+        """Counters that move when the group hits a limit (pids, memory, OOM kills)."""
+        raise NotImplementedError
+
+    def children(self) -> list[Path]:
+        """The group's child groups (runs' and a supervisor's; v1: in the memory hierarchy)."""
+        for controller in ("memory", "unified"):
+            if controller in self.dirs:
+                return _subdirs(self.dirs[controller])
+        return []
+
     def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
         """After the run's processes are gone: (CPU s, peak MB, OOM-killed); removes its child."""
         raise NotImplementedError
@@ -315,6 +326,18 @@ class CgroupV1Group(CgroupGroup):
             sandbox_oom = _stat_value(self.dirs["memory"] / "memory.oom_control", "oom_kill")
         return RunMark(paths, child, self._cpu_ns(), sandbox_oom)
 
+    def limit_events(self) -> dict[str, int]:
+        events: dict[str, int] = {}
+        if "pids" in self.dirs:
+            events["pids max"] = _stat_value(self.dirs["pids"] / "pids.events", "max") or 0
+        if "memory" in self.dirs:
+            memory = self.dirs["memory"]
+            for name in ("memory.failcnt", "memory.memsw.failcnt"):
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    events[name] = int(_read(memory / name))
+            events["oom_kill"] = _stat_value(memory / "memory.oom_control", "oom_kill") or 0
+        return events
+
     def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
         cpu_ns = self._cpu_ns()
         cpu_s = None if cpu_ns is None or mark.cpu_ns is None else (cpu_ns - mark.cpu_ns) / 1e9
@@ -385,6 +408,17 @@ class CgroupV2Group(CgroupGroup):
         sandbox_oom = _stat_value(self.path / "memory.events", "oom_kill")
         # A fresh child: its cpu.stat and memory.peak count this run only.
         return RunMark([os.fsencode(child / "cgroup.procs")], child, 0, sandbox_oom)
+
+    def limit_events(self) -> dict[str, int]:
+        events: dict[str, int] = {}
+        pids = _stat_value(self.path / "pids.events", "max")
+        if pids is not None:
+            events["pids max"] = pids
+        for key in ("max", "oom", "oom_kill"):
+            value = _stat_value(self.path / "memory.events", key)
+            if value is not None:
+                events[f"memory {key}"] = value
+        return events
 
     def end_run(self, mark: RunMark) -> tuple[float | None, float | None, bool]:
         assert mark.child is not None

@@ -15,7 +15,13 @@ Protocol over the SOCK_SEQPACKET control socket (one message per datagram):
   own cgroup and those of the supervisor's (opened by the host);
 - host -> supervisor ``quiet`` when the host kills the run (timeout, ``kill``): no ``Killed``
   note on stderr then, as none comes on the bwrap path, where the init dies too;
-- supervisor -> host ``exit <wait status>`` when the command's first process has ended.
+- supervisor -> host ``exit <wait status>`` when the command's first process has ended;
+- host -> supervisor ``reset`` between two users of a recycled sandbox (``sandboxes.pool``),
+  once the host has killed every run: the supervisor reaps what is left, removes SysV IPC and
+  checks that its ipc namespace is empty, that no other process is left in its pid namespace,
+  and that its own hostname, limits, priority, affinity, scheduling, umask and credentials are
+  what they were when it started (which its commands inherit); it answers ``clean`` or
+  ``dirty <what>``, and the host discards a dirty sandbox.
 
 The host kills whatever else the run left in its cgroup. Why this process can be trusted with
 model-written code beside it: as the pid namespace's init it ignores every signal sent from
@@ -115,6 +121,44 @@ def remove_sysv_ipc():
         libc.msgctl(ident, ipc_rmid, None)
 
 
+def own_state():
+    """What of this process its commands inherit and a command might have changed."""
+    with open("/proc/self/limits") as limits:
+        state = [limits.read(), os.uname().nodename]
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    state.append(" ".join(fields[i] for i in (15, 16, 37, 38)))  # priority, nice, rt, policy
+    keep = ("Umask", "Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp", "Cap", "Cpus_allowed")
+    with open("/proc/self/status") as status:
+        state += [line for line in status if line.startswith(keep)]
+    return state
+
+
+def reset(baseline):
+    """Between two users of a recycled sandbox: returns ``clean`` or ``dirty <what>``."""
+    wait_for_every_child()  # the host killed them all: only their exits are left to collect
+    remove_sysv_ipc()
+    os.chdir("/")  # nothing of ours pins a directory of the last user's
+    problems = []
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as listing:
+                if any(line.strip() for line in listing.readlines()[1:]):
+                    problems.append(f"SysV {kind} left")
+        except OSError:
+            problems.append(f"cannot list SysV {kind}")
+    others = [name for name in os.listdir("/proc") if name.isdigit() and name != "1"]
+    if others:
+        problems.append(f"processes left: {others}")
+    now = own_state()
+    if now != baseline:
+        changed = [line.strip() for line in now if line not in baseline]
+        problems.append(f"supervisor changed: {changed}"[:500])
+    if problems:
+        return ("dirty " + "; ".join(problems)).encode(errors="replace")[:4000]
+    return b"clean"
+
+
 def parse_request(data):
     fields = data.split(b"\0")
     cwd = os.fsdecode(fields[0])
@@ -133,7 +177,7 @@ def join(cgroup_procs):
         os.write(fd, b"0")
 
 
-def serve(control, wakeup_read, mode):
+def serve(control, wakeup_read, mode, baseline):
     """Answers requests until the host goes away; returns only in a forked child (its job)."""
     while True:
         try:
@@ -145,6 +189,11 @@ def serve(control, wakeup_read, mode):
         if data == b"quiet":  # a kill that came after its run had ended: nothing to do
             for fd in fds:
                 os.close(fd)
+            continue
+        if data == b"reset":
+            for fd in fds:
+                os.close(fd)
+            control.send(reset(baseline))
             continue
         # The host killed everything the last run left (its cgroup is empty), but a killed
         # process is still exiting for a moment after it leaves its cgroup: wait for each, so
@@ -367,8 +416,9 @@ def main():
 
     gc.collect()
     gc.freeze()  # the children's garbage collector then leaves the shared pages alone
+    baseline = own_state()
     control.send(b"ready")
-    job = serve(control, wakeup_read, mode)
+    job = serve(control, wakeup_read, mode, baseline)
     os.close(wakeup_write)
     return job
 

@@ -1,10 +1,31 @@
 """SandboxPool: at most ``max_active`` sandboxes at once, first come first served.
 
 Each ``acquire`` gets a fresh sandbox (never one another caller used: episodes must not see
-each other's leftovers). With ``prewarm=n`` the pool keeps up to n sandboxes of
-``prewarm_spec`` created in advance (cgroup, tmpfs and limits ready), so an acquire only pays
-for the run. A caller that raises, is interrupted, or (asyncio) is cancelled, releases its
-slot and its sandbox is killed and removed; a waiter cancelled in the queue gives its turn on.
+each other's leftovers), unless the pool was made with ``recycle=True`` (below). With
+``prewarm=n`` the pool keeps up to n sandboxes of ``prewarm_spec`` created in advance (cgroup,
+tmpfs and limits ready), so an acquire only pays for the run. A caller that raises, is
+interrupted, or (asyncio) is cancelled, releases its slot and its sandbox is killed and
+removed; a waiter cancelled in the queue gives its turn on.
+
+``SandboxPool(recycle=True)`` (opt-in) keeps released sandboxes and hands them to the next
+``acquire`` of an equal spec after a reset, instead of paying a new set of namespaces each
+time (most of the CPU of a short run). A recycled sandbox runs every command through its
+supervisor, which starts before any user's code. On release: the user's handle is fenced off
+(a stray thread of theirs can no longer reach the sandbox; a call of theirs still inside means
+discard), every run's processes are already killed with its cgroup, and
+``BwrapDriver.recycle`` checks that only bwrap and the supervisor are left, has the supervisor
+remove SysV IPC and check its ipc and pid namespaces and its own inherited state, empties
+/work, /tmp and /dev/shm and proves the tmpfs as empty as when made, and checks that no
+cgroup limit was hit. A sandbox is closed instead when any step fails or raises, when a run
+timed out, was killed, was OOM-killed or hit its output cap, when its user closed it, after
+``max_uses`` users (64), or when it cannot be checked that way (another driver, a weaker
+sandbox, ``network="loopback"``). POSIX message queues are refused in recycled sandboxes.
+Shared between its users, as between a zygote's evaluations: the namespaces' counters (pid
+numbers and tmpfs inode numbers go on counting, and pid 1's own CPU, context-switch and fault
+counts in /proc/1/stat grow, so a user can tell roughly how much the ones before it did: a
+narrow channel that needs both sides to cooperate, which fresh sandboxes do not have) and the
+machine's timing. At most ``max_active`` reset
+sandboxes wait idle.
 """
 
 from __future__ import annotations
@@ -14,12 +35,18 @@ import collections
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxes.errors import SandboxError
-from sandboxes.result import ExecResult
+from sandboxes.result import ExecResult, OutputCallback
 from sandboxes.sandbox import Sandbox
 from sandboxes.spec import SandboxSpec, default_max_active
+
+if TYPE_CHECKING:
+    from sandboxes.bwrap import BwrapDriver
+
+#: Users per recycled sandbox before it is closed and a fresh one made.
+DEFAULT_MAX_USES = 64
 
 
 class _Ticket:
@@ -32,12 +59,116 @@ class _Ticket:
         self.on_grant = on_grant
 
 
+class _Lease:
+    """One user's access to a recycled sandbox's driver, until the pool takes it back.
+
+    Every call passes a fence: once revoked, nothing of this user reaches the driver (a stray
+    thread's run or kill would otherwise land in the next user's sandbox).
+    """
+
+    def __init__(self, driver: BwrapDriver):
+        self._driver = driver
+        self.weakened = driver.weakened
+        self.image_digest = driver.image_digest
+        self._fence = threading.Lock()
+        self._inside = 0
+        self._revoked = False
+        self.closed = False
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[BwrapDriver]:
+        with self._fence:
+            if self._revoked:
+                raise SandboxError("the sandbox is closed (given back to the pool)")
+            self._inside += 1
+        try:
+            yield self._driver
+        finally:
+            with self._fence:
+                self._inside -= 1
+
+    def revoke(self) -> bool:
+        """Fences the user off; True when none of its calls is still inside."""
+        with self._fence:
+            self._revoked = True
+            return self._inside == 0
+
+    def start(self) -> None:
+        raise SandboxError("a pooled sandbox is already started")
+
+    def close(self) -> None:
+        """The user closed it early: it is removed, as a fresh one would be."""
+        self.closed = True
+        self.revoke()
+        self._driver.close()
+
+    def kill(self) -> None:
+        with contextlib.suppress(SandboxError), self._call() as driver:
+            driver.kill()
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | bytes | None,
+        timeout: float,
+        cwd: str,
+        env: Mapping[str, str] | None,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> ExecResult:
+        with self._call() as driver:
+            return driver.run(
+                argv,
+                stdin=stdin,
+                timeout=timeout,
+                cwd=cwd,
+                env=env,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+            )
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        with self._call() as driver:
+            driver.write_file(path, content)
+
+    def read_file(self, path: str) -> bytes:
+        with self._call() as driver:
+            return driver.read_file(path)
+
+    def archive(self) -> bytes:
+        with self._call() as driver:
+            return driver.archive()
+
+    def extract(self, archive: bytes) -> None:
+        with self._call() as driver:
+            driver.extract(archive)
+
+
+class _Pooled:
+    """A sandbox the pool made: its own handle on it, and the driver when it is recyclable."""
+
+    __slots__ = ("sandbox", "driver", "uses")
+
+    def __init__(self, sandbox: Sandbox, driver: BwrapDriver | None):
+        self.sandbox = sandbox
+        self.driver = driver
+        self.uses = 0
+
+    @property
+    def name(self) -> str:
+        return self.sandbox.name
+
+
 class SandboxPool:
     def __init__(
         self,
         max_active: int | None = None,
         prewarm: int = 0,
         prewarm_spec: SandboxSpec | Mapping[str, Any] | None = None,
+        *,
+        recycle: bool = False,
+        max_uses: int = DEFAULT_MAX_USES,
     ):
         if max_active is None:
             max_active = default_max_active()
@@ -45,8 +176,12 @@ class SandboxPool:
             raise SandboxError("max_active must be an integer >= 1")
         if not isinstance(prewarm, int) or prewarm < 0:
             raise SandboxError("prewarm must be an integer >= 0")
+        if not isinstance(max_uses, int) or max_uses < 1:
+            raise SandboxError("max_uses must be an integer >= 1")
         self.max_active = max_active
         self.prewarm = prewarm
+        self.recycle = bool(recycle)
+        self.max_uses = max_uses
         if prewarm_spec is None:
             prewarm_spec = SandboxSpec()
         elif not isinstance(prewarm_spec, SandboxSpec):
@@ -55,7 +190,8 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._active = 0
         self._queue: collections.deque[_Ticket] = collections.deque()
-        self._warm: collections.deque[Sandbox] = collections.deque()
+        self._warm: collections.deque[_Pooled] = collections.deque()
+        self._idle: collections.deque[_Pooled] = collections.deque()  # reset, for reuse
         self._warm_wanted = threading.Condition(self._lock)
         self._closed = False
         self._warmer: threading.Thread | None = None
@@ -121,14 +257,36 @@ class SandboxPool:
             raise
 
     # -- sandboxes ----------------------------------------------------------------------------
-    def _take_sandbox(self, spec: SandboxSpec) -> Sandbox:
+    def _new(self, spec: SandboxSpec) -> _Pooled:
+        if not self.recycle or spec.driver != "bwrap" or spec.network != "none":
+            return _Pooled(Sandbox(spec).open(), None)
+        from sandboxes.bwrap import BwrapDriver
+
+        sandbox = Sandbox(spec, supervise="always").open()
+        driver = sandbox._driver
+        if not isinstance(driver, BwrapDriver) or driver.cannot_recycle() is not None:
+            return _Pooled(sandbox, None)
+        try:
+            driver.make_recyclable()
+        except BaseException:
+            sandbox.close()
+            raise
+        return _Pooled(sandbox, driver)
+
+    def _take(self, spec: SandboxSpec) -> _Pooled:
+        if self.recycle:
+            with self._lock:
+                for entry in self._idle:
+                    if entry.sandbox.spec == spec:
+                        self._idle.remove(entry)
+                        return entry
         if self.prewarm and spec == self.prewarm_spec:
             with self._lock:
-                sandbox = self._warm.popleft() if self._warm else None
+                warm = self._warm.popleft() if self._warm else None
                 self._warm_wanted.notify()
-            if sandbox is not None:
-                return sandbox
-        return Sandbox(spec).open()
+            if warm is not None:
+                return warm
+        return self._new(spec)
 
     def _keep_warm(self) -> None:
         while True:
@@ -138,28 +296,71 @@ class SandboxPool:
                 if self._closed:
                     return
             try:
-                sandbox = Sandbox(self.prewarm_spec).open()
+                entry = self._new(self.prewarm_spec)
             except SandboxError:
                 with self._lock:
                     self._warm_wanted.wait(1.0)
                 continue
             with self._lock:
                 if self._closed:
-                    sandbox.close()
+                    entry.sandbox.close()
                     return
-                self._warm.append(sandbox)
+                self._warm.append(entry)
+
+    @staticmethod
+    def _hand_out(entry: _Pooled) -> tuple[Sandbox, _Lease | None]:
+        if entry.driver is None:
+            return entry.sandbox, None
+        lease = _Lease(entry.driver)
+        return Sandbox._around(entry.sandbox.spec, entry.sandbox.name, lease), lease
+
+    def _give_back(self, entry: _Pooled, handle: Sandbox, lease: _Lease | None) -> None:
+        """Closes the sandbox, or (recycling) resets it for the next user; any doubt closes."""
+        if lease is None:
+            handle.close()
+            return
+        to_close: _Pooled | None = entry
+        try:
+            handle._disown()
+            quiet = lease.revoke()
+            if quiet and not lease.closed and self._reset(entry):
+                with self._lock:
+                    if not self._closed:
+                        self._idle.append(entry)
+                        to_close = None
+                        if len(self._idle) > self.max_active:
+                            to_close = self._idle.popleft()
+        except BaseException:
+            entry.sandbox.close()
+            raise
+        if to_close is not None:
+            to_close.sandbox.close()
+
+    def _reset(self, entry: _Pooled) -> bool:
+        entry.uses += 1
+        if entry.driver is None or entry.uses >= self.max_uses:
+            return False
+        try:
+            entry.driver.recycle()
+            for path, content in entry.sandbox.spec.files.items():
+                entry.driver.write_file(path, content)
+        except Exception:  # noqa: BLE001 - any doubt: the sandbox is closed, not reused
+            return False
+        return True
 
     @contextlib.contextmanager
     def acquire(self, spec: SandboxSpec | Mapping[str, Any] | None = None) -> Iterator[Sandbox]:
-        """Waits for a slot (FIFO), yields an open sandbox, and always closes it after."""
+        """Waits for a slot (FIFO), yields an open sandbox, and always closes it (or, when
+        recycling, resets it for the next user) after."""
         spec = _as_spec(spec)
         self._wait_slot()
         try:
-            sandbox = self._take_sandbox(spec)
+            entry = self._take(spec)
+            handle, lease = self._hand_out(entry)
             try:
-                yield sandbox
+                yield handle
             finally:
-                sandbox.close()
+                self._give_back(entry, handle, lease)
         finally:
             self._release_slot()
 
@@ -171,7 +372,7 @@ class SandboxPool:
         stdin: str | bytes | None = None,
         timeout: float | None = None,
     ) -> ExecResult:
-        """One command in a fresh sandbox: acquire, write ``files``, run, close."""
+        """One command in a fresh (or reset) sandbox: acquire, write ``files``, run, release."""
         with self.acquire(spec) as sandbox:
             if files:
                 sandbox.write_files(files)
@@ -204,13 +405,14 @@ class SandboxPool:
             self._cancel(ticket)
             raise
         try:
-            sandbox = await asyncio.to_thread(self._take_sandbox, spec)
+            entry = await asyncio.to_thread(self._take, spec)
+            handle, lease = self._hand_out(entry)
             try:
-                yield sandbox
+                yield handle
             finally:
                 # Close even when cancelled: shielded, so the slot is never returned while
                 # the sandbox still has processes.
-                await asyncio.shield(asyncio.to_thread(sandbox.close))
+                await asyncio.shield(asyncio.to_thread(self._give_back, entry, handle, lease))
         finally:
             self._release_slot()
 
@@ -239,16 +441,18 @@ class SandboxPool:
 
     # -- shutdown -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stops pre-warming and removes idle sandboxes (busy ones close with their caller)."""
+        """Stops pre-warming and removes idle sandboxes (busy ones close with their caller;
+        recycled ones then too)."""
         with self._lock:
             self._closed = True
-            warm = list(self._warm)
+            idle = [*self._warm, *self._idle]
             self._warm.clear()
+            self._idle.clear()
             self._warm_wanted.notify_all()
         if self._warmer is not None:
             self._warmer.join(timeout=30)
-        for sandbox in warm:
-            sandbox.close()
+        for entry in idle:
+            entry.sandbox.close()
 
     def __enter__(self) -> SandboxPool:
         return self

@@ -145,6 +145,22 @@ class Sandbox:
             raise
         return self
 
+    @classmethod
+    def _around(cls, spec: SandboxSpec, name: str, driver: Driver) -> Sandbox:
+        """A handle on a driver that is already started (a pool's recycled sandbox)."""
+        sandbox = cls(spec)
+        sandbox.name = name
+        sandbox._driver = driver
+        _open_sandboxes.add(sandbox)
+        return sandbox
+
+    def _disown(self) -> Driver | None:
+        """Detaches the driver without closing it; this handle is closed from now on."""
+        self._closed = True
+        _open_sandboxes.discard(self)
+        driver, self._driver = self._driver, None
+        return driver
+
     def close(self) -> None:
         self._closed = True
         _open_sandboxes.discard(self)

@@ -4,7 +4,11 @@ It is a second wall behind the namespaces: calls a sandboxed program never needs
 have a history of kernel escapes fail with EPERM (ptrace, mount and the new mount API,
 unshare/setns, keyrings, bpf, perf, userfaultfd, io_uring, kexec and modules, clock and
 swap changes, handle-based opens, cross-process memory access, taking another process's
-descriptors with pidfd_getfd). With ``network="none"``,
+descriptors with pidfd_getfd). Nothing may change the scheduling, priority or resource limits
+of pid 1 (the sandbox's init or supervisor): those calls check only that the uids match, so
+without this a command could lower the supervisor's limits or priority for every later run
+(a zygote's next evaluation, a recycled pool sandbox's next user), since its children inherit
+them; a process may still change its own. With ``network="none"``,
 creating AF_INET/AF_INET6 sockets fails too, so there is no network at all, not even a
 private loopback. Calls from another ABI (i386 ``int 0x80``, x32) are refused outright,
 since their numbers would slip past the table.
@@ -25,6 +29,10 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_SYSCALL_BIT = 0x40000000
 AF_INET = 2
 AF_INET6 = 10
+
+#: Offsets of the low 32 bits of seccomp_data.args[0] and [1] (little-endian; a pid_t or an
+#: int ``which`` is those bits alone in the kernel).
+_ARG_LOW = (16, 24)
 
 # BPF opcodes
 _LD_W_ABS = 0x20
@@ -61,6 +69,19 @@ _DENIED_COMMON = {
 #: without mounting mqueue: a zygote (one namespace, many samples) forbids them.
 _MQ_OPEN = {"x86_64": 240, "aarch64": 180}
 _SOCKET = {"x86_64": 41, "aarch64": 198}
+#: Calls whose first argument names a process: refused when it names pid 1.
+_PID_FIRST = {
+    "x86_64": {"sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+               "prlimit64": 302, "sched_setattr": 314},
+    "aarch64": {"sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
+                "prlimit64": 261, "sched_setattr": 274},
+}  # fmt: skip
+#: (number, "every process of the uid" value of ``which``, the two ``which`` values that take a
+#: process or group id as ``who``): refused for a whole uid, or for pid / process group 1.
+_WHICH_WHO = {
+    "x86_64": {"setpriority": (141, 2, (0, 1)), "ioprio_set": (251, 3, (1, 2))},
+    "aarch64": {"setpriority": (140, 2, (0, 1)), "ioprio_set": (30, 3, (1, 2))},
+}
 
 
 def supported() -> str | None:
@@ -94,6 +115,22 @@ def build_filter(block_ip_sockets: bool, deny_message_queues: bool = False) -> b
     for nr in denied:  # JEQ nr falls through to RET deny; any other number skips it
         program.append(_insn(_JEQ_K, nr, jt=0, jf=1))
         program.append(_insn(_RET_K, deny))
+    for nr in sorted(_PID_FIRST[machine].values()):
+        program.append(_insn(_JEQ_K, nr, jt=0, jf=4))  # another call: skip the block
+        program.append(_insn(_LD_W_ABS, _ARG_LOW[0]))
+        program.append(_insn(_JEQ_K, 1, jt=0, jf=1))
+        program.append(_insn(_RET_K, deny))
+        program.append(_insn(_RET_K, SECCOMP_RET_ALLOW))
+    for nr, whole_uid, by_id in sorted(_WHICH_WHO[machine].values()):
+        program.append(_insn(_JEQ_K, nr, jt=0, jf=8))
+        program.append(_insn(_LD_W_ABS, _ARG_LOW[0]))  # which
+        program.append(_insn(_JEQ_K, whole_uid, jt=4, jf=0))
+        program.append(_insn(_JEQ_K, by_id[0], jt=1, jf=0))
+        program.append(_insn(_JEQ_K, by_id[1], jt=0, jf=3))
+        program.append(_insn(_LD_W_ABS, _ARG_LOW[1]))  # who
+        program.append(_insn(_JEQ_K, 1, jt=0, jf=1))
+        program.append(_insn(_RET_K, deny))
+        program.append(_insn(_RET_K, SECCOMP_RET_ALLOW))
     if block_ip_sockets:
         program.append(_insn(_JEQ_K, _SOCKET[machine], jt=0, jf=5))
         program.append(_insn(_LD_W_ABS, 16))  # low half of args[0]: the address family

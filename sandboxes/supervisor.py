@@ -12,6 +12,7 @@ supervisor can sit next to hostile code.
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import socket
 import subprocess
@@ -86,6 +87,22 @@ class Supervisor:
             self.control.send(b"quiet")
         except OSError:
             self.alive = False
+
+    def reset(self, timeout: float = 5.0) -> None:
+        """Has the supervisor clear and check its namespaces (see ``inside.reset``).
+
+        Raises SandboxError unless it answers ``clean`` in time; it is not trusted after that.
+        """
+        try:
+            self.control.send(b"reset")
+            readable, _, _ = select.select([self.control], [], [], timeout)
+            answer = self.control.recv(4096) if readable else b""
+        except OSError as exc:
+            answer = str(exc).encode()
+        if answer != b"clean":
+            self.alive = False
+            detail = answer.decode(errors="replace") or "no answer"
+            raise SandboxError(f"the sandbox supervisor's reset failed: {detail}")
 
     def stop(self) -> None:
         """Closes the control socket (the supervisor exits, and the kernel ends its namespace)."""

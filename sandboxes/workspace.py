@@ -91,6 +91,9 @@ class Workspace:
         self.uid = uid
         self.gid = gid
         self.limited = False
+        #: (free blocks, free inodes) of the empty tmpfs, right after it was made.
+        self._empty: tuple[int, int] | None = None
+        self._created_ns = 0
 
     @property
     def work(self) -> Path:
@@ -126,7 +129,49 @@ class Workspace:
             sub.mkdir(mode=0o700)
             if self.uid is not None and self.gid is not None:
                 os.chown(sub, self.uid, self.gid)
+        self._created_ns = os.lstat(self.work).st_mtime_ns
+        if self.limited:
+            usage = os.statvfs(self.path)
+            self._empty = (usage.f_bfree, usage.f_ffree)
         return missing
+
+    def reset(self) -> None:
+        """Makes /work, /tmp and /dev/shm as they were when created, and proves it.
+
+        For a recycled sandbox, with none of its processes left: every entry removed, and the
+        directories themselves (bind-mounted into the sandbox, so they stay) get back their
+        owner, mode and times, with every extended attribute and ACL removed. Then the tmpfs
+        must be exactly as full as when it was made (free blocks and inodes: a file still held
+        somewhere, or hidden anywhere on it, shows) and each directory empty and as created.
+        Raises SandboxError otherwise.
+        """
+        if self._empty is None:
+            raise SandboxError("the workspace has no tmpfs of its own to check")
+        for sub in self.writable_dirs:
+            if not stat.S_ISDIR(os.lstat(sub).st_mode):
+                raise SandboxError(f"{sub} is no longer a directory")
+            for attribute in os.listxattr(sub, follow_symlinks=False):
+                os.removexattr(sub, attribute, follow_symlinks=False)
+        self.clear()
+        for sub in self.writable_dirs:
+            os.utime(sub, ns=(self._created_ns, self._created_ns), follow_symlinks=False)
+        usage = os.statvfs(self.path)
+        if (usage.f_bfree, usage.f_ffree) != self._empty:
+            raise SandboxError(
+                f"the workspace is not empty after clearing (free blocks, inodes: "
+                f"{usage.f_bfree}, {usage.f_ffree}; empty: {self._empty})"
+            )
+        for sub in self.writable_dirs:
+            info = os.lstat(sub)
+            owner = (info.st_uid, info.st_gid)
+            if (
+                info.st_mode != stat.S_IFDIR | 0o700
+                or info.st_nlink != 2
+                or (self.uid is not None and owner != (self.uid, self.gid))
+                or os.listdir(sub)
+                or os.listxattr(sub, follow_symlinks=False)
+            ):
+                raise SandboxError(f"{sub} is not as created after clearing")
 
     def clear(self) -> None:
         """Empties /work, /tmp and /dev/shm (no process of the sandbox may be running).
