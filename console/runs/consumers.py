@@ -1,0 +1,144 @@
+"""A run's live stream, `/ws/runs/<id>/`.
+
+The broadcast the sink sends after each commit (`services.notify` to `run.<id>`) is only a
+doorbell: on each one the consumer reads, from PostgreSQL (`console.runs.live`), everything
+newer than this connection's cursors and sends it as one delta. Doorbells that ring while a
+read is in progress only mark the connection dirty, and one more read follows: a slow client
+(or a slow read) costs one read in flight per connection, never a queue of them, and the
+channel layer's buffer for this socket is drained at once.
+
+Messages to the browser (JSON): ``snapshot`` first, then ``delta``s, each with ``seq`` (1, 2,
+... per connection) and the ``cursors`` to send back with ``resume``. A browser that
+reconnects opens ``/ws/runs/<id>/?resume=1`` and sends ``{"type": "resume", "since":
+cursors}``; it gets one delta with exactly what it missed instead of a snapshot (no snapshot
+is sent if the resume frame comes within RESUME_WAIT_S). Shapes: docs in `live.py` and
+`static/runs-live.js`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+
+from console.broadcast import CLOSE_INVALID_PAYLOAD, TeamGroupConsumer
+from console.runs import live, services
+from console.runs.models import Run
+
+RESUME_WAIT_S = 5.0
+
+
+def _team_of_run(pk: int) -> int | None:
+    return Run.objects.filter(pk=pk).values_list("team_id", flat=True).first()
+
+
+class RunLiveConsumer(TeamGroupConsumer):
+    """Every member of the run's team may watch (annotators too); outsiders get 4404 exactly
+    as for a run that does not exist."""
+
+    topic = "runs"
+
+    run_id: int
+    cursors: live.Cursors | None = None
+    seq = 0
+    dirty = False
+    answer_resume = False
+    last_facts: tuple[Any, ...] | None = None
+    reader: asyncio.Task[None] | None = None
+    waiting_for_resume: asyncio.Task[None] | None = None
+
+    async def team_id_for(self, **url_kwargs: Any) -> int | None:
+        self.run_id = int(url_kwargs["pk"])
+        team_id: int | None = await database_sync_to_async(_team_of_run)(self.run_id)
+        return team_id
+
+    async def groups_for(self, team_id: int, url_kwargs: dict[str, Any]) -> list[str]:
+        return [services.run_group(self.run_id)]
+
+    async def connect(self) -> None:
+        await super().connect()
+        if not getattr(self, "groups_joined", None):
+            return  # refused
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
+        if query.get("resume"):
+            self.waiting_for_resume = asyncio.create_task(self._snapshot_unless_resumed())
+        else:
+            await self._send_snapshot()
+
+    async def disconnect(self, code: int) -> None:
+        for task in (self.reader, self.waiting_for_resume):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await super().disconnect(code)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        self.seq += 1
+        self.cursors = message["cursors"]
+        self.last_facts = self._facts(message)
+        await self.send_json({**message, "seq": self.seq})
+
+    async def _send_snapshot(self) -> None:
+        await self._send(await database_sync_to_async(live.snapshot)(self.run_id))
+        self._kick()  # a doorbell that rang during the read
+
+    async def _snapshot_unless_resumed(self) -> None:
+        await asyncio.sleep(RESUME_WAIT_S)
+        if self.cursors is None:
+            self.waiting_for_resume = None
+            await self._send_snapshot()
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict) or content.get("type") != "resume":
+            return  # nothing else is expected from the browser
+        since = live.clean_cursors(content.get("since"))
+        if since is None:
+            await self.close(code=CLOSE_INVALID_PAYLOAD)
+            return
+        if self.waiting_for_resume is not None:
+            self.waiting_for_resume.cancel()
+            self.waiting_for_resume = None
+        self.cursors = since
+        self.answer_resume = True
+        self.dirty = True
+        self._kick()
+
+    async def broadcast_event(self, message: dict[str, Any]) -> None:
+        self.dirty = True
+        self._kick()
+
+    def _kick(self) -> None:
+        """Start a read unless one is running (it then reads once more) or nothing is owed."""
+        if self.cursors is None or not self.dirty:
+            return  # before the snapshot: it reads everything anyway, then kicks
+        if self.reader is None or self.reader.done():
+            self.reader = asyncio.create_task(self._read_while_dirty())
+
+    async def _read_while_dirty(self) -> None:
+        while self.dirty and self.cursors is not None:
+            self.dirty = False
+            message = await database_sync_to_async(live.delta)(self.run_id, self.cursors)
+            if message["type"] == "snapshot" or self.answer_resume or self._news(message):
+                self.answer_resume = False
+                await self._send(message)
+            else:
+                self.cursors = message["cursors"]
+
+    def _news(self, message: dict[str, Any]) -> bool:
+        """Whether a delta holds anything (a doorbell for rows this client already has
+        sends nothing; a resume is always answered, empty or not)."""
+        return bool(
+            message["series"]
+            or message["events"]
+            or message["trajectories"]
+            or "truncate_after" in message
+            or self._facts(message) != self.last_facts
+        )
+
+    @staticmethod
+    def _facts(message: dict[str, Any]) -> tuple[Any, ...]:
+        return (message["state"], message["reason"], message["last_step"], message["max_steps"])

@@ -1,0 +1,291 @@
+"""The reads behind a run's live stream (`/ws/runs/<id>/`, `console.runs.consumers`).
+
+The channel layer only rings a doorbell ("something of run 7 was committed"); what a browser
+is shown is always read here, from PostgreSQL, newer than the connection's cursors:
+
+- ``metric_step`` and ``metric_keys``: the newest metric step the client holds and which chart
+  keys it holds at that step. Metrics of one step merge into one row (the loop writes a step's
+  training metrics, then its held-out evaluation into the same step), so the newest step is
+  read again and only the keys the client lacks there are sent.
+- ``event_id``: the newest event id.
+- ``trajectory``: the newest ``[step, index]`` of a trajectory.
+
+Every read runs in one REPEATABLE READ transaction, so the rows sent and the cursors returned
+describe the same moment. Sync functions: the consumer calls them via
+``database_sync_to_async``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import Left
+
+from console.runs.models import MetricRow, Run, RunEvent, TrajectoryRecord
+
+# The metric keys drawn as charts (names from training/metrics.py).
+CHART_KEY = re.compile(
+    r"^(?:"
+    r"reward/mean|reward/std|reward/[^/]+/mean|reward/[^/]+/std"
+    r"|pass_rate(?:/[^/]+)?"
+    r"|eval/reward/mean|eval/reward/[^/]+/mean|eval/pass_rate(?:/[^/]+)?"
+    r"|actor/kl|actor/entropy|actor/grad_norm|actor/pg_clipfrac"
+    r"|response_length/mean|response_length/clip_ratio"
+    r"|frac_reward_zero_std|perf/throughput"
+    r"|timing_s/[^/]+"
+    r")$"
+)
+# The same test for PostgreSQL (POSIX regex; the pattern above uses no Python-only syntax).
+CHART_KEY_SQL = CHART_KEY.pattern
+
+MAX_POINTS = 1000  # per series in a snapshot: two points (min and max) per bucket
+SNAPSHOT_TRAJECTORIES = 20
+DELTA_TRAJECTORIES = 50  # a delta carries at most the newest 50 new trajectories (a feed)
+SNAPSHOT_EVENTS = 500
+DELTA_MAX_STEPS = 5000  # a resume that missed more steps than this gets a fresh snapshot
+COMPLETION_CHARS = 200
+
+Cursors = dict[str, Any]
+
+
+def is_chart_key(key: str) -> bool:
+    return bool(CHART_KEY.match(key))
+
+
+def _repeatable_read() -> None:
+    """Call first inside `transaction.atomic()`: every later read sees one moment."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+
+def _run_facts(run: Run) -> dict[str, Any]:
+    return {
+        "state": run.state,
+        "reason": run.state_reason,
+        "last_step": run.last_step,
+        "max_steps": run.max_steps,
+        "dropped_trajectories": run.dropped_trajectories,
+    }
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _event(event: RunEvent) -> dict[str, Any]:
+    data = event.data if isinstance(event.data, dict) else {}
+    reason = data.get("reason") or data.get("error") or ""
+    return {
+        "id": event.pk,
+        "kind": event.kind,
+        "step": event.step,
+        "reason": str(reason)[:300],
+        "at": event.created_at.isoformat(),
+    }
+
+
+def _trajectories(rows: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "step": row.step,
+            "index": row.index,
+            "domain": row.domain,
+            "reward": row.reward,
+            "finish_reason": row.finish_reason,
+            "completion": row.completion or "",
+        }
+        for row in rows
+    ]
+
+
+def _trajectory_rows(run_id: int) -> Any:
+    return (
+        TrajectoryRecord.objects.filter(run_id=run_id)
+        .annotate(completion=Left(KT("data__completion"), COMPLETION_CHARS))
+        .only("step", "index", "domain", "reward", "finish_reason")
+    )
+
+
+def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, list[list[float]]]:
+    """Every chart key's points ``[step, value]`` in step order; when a run has more steps than
+    `max_points`, steps fall into `max_points // 2` equal buckets and each bucket keeps its
+    minimum and its maximum (so spikes survive), plus the series' last point (where the live
+    points continue). Done in PostgreSQL: a run of 100k steps costs one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT min(step), max(step), count(*) FROM runs_metric WHERE run_id = %s", [run_id]
+        )
+        low, high, count = cursor.fetchone()
+        if not count:
+            return {}
+        buckets = max(max_points // 2, 1)
+        width = 1 if count <= max_points else math.ceil((high - low + 1) / buckets)
+        cursor.execute(
+            """
+            WITH points AS (
+                SELECT kv.key, m.step, (kv.value #>> '{}')::float8 AS value,
+                       (m.step - %(low)s) / %(width)s AS bucket
+                FROM runs_metric m, jsonb_each(m."values") kv
+                WHERE m.run_id = %(run)s AND jsonb_typeof(kv.value) = 'number'
+                  AND kv.key ~ %(pattern)s
+            ), ranked AS (
+                SELECT key, step, value,
+                  row_number() OVER (PARTITION BY key, bucket ORDER BY value, step) AS lowest,
+                  row_number() OVER (PARTITION BY key, bucket ORDER BY value DESC, step)
+                    AS highest,
+                  row_number() OVER (PARTITION BY key ORDER BY step DESC) AS newest
+                FROM points
+            )
+            SELECT key, step, value FROM ranked
+            WHERE lowest = 1 OR highest = 1 OR newest = 1
+            ORDER BY key, step
+            """,
+            {"run": run_id, "low": low, "width": width, "pattern": CHART_KEY_SQL},
+        )
+        series: dict[str, list[list[float]]] = {}
+        for key, step, value in cursor.fetchall():
+            if math.isfinite(value):
+                series.setdefault(key, []).append([step, value])
+        return series
+
+
+def _metric_cursor(run_id: int) -> tuple[int, list[str]]:
+    row = MetricRow.objects.filter(run_id=run_id).order_by("-step").first()
+    if row is None:
+        return -1, []
+    return row.step, sorted(
+        k for k, v in row.values.items() if is_chart_key(k) and _number(v) is not None
+    )
+
+
+def snapshot(run_id: int) -> dict[str, Any]:
+    """Everything the page draws, and the cursors a later delta continues from."""
+    with transaction.atomic():
+        _repeatable_read()
+        run = Run.objects.get(pk=run_id)
+        series = downsampled_series(run_id)
+        metric_step, metric_keys = _metric_cursor(run_id)
+        events = list(RunEvent.objects.filter(run_id=run_id).order_by("-id")[:SNAPSHOT_EVENTS])
+        events.reverse()
+        newest = list(_trajectory_rows(run_id).order_by("-step", "-index")[:SNAPSHOT_TRAJECTORIES])
+        cursors: Cursors = {
+            "metric_step": metric_step,
+            "metric_keys": metric_keys,
+            "event_id": events[-1].pk if events else 0,
+            "trajectory": [newest[0].step, newest[0].index] if newest else [-1, -1],
+        }
+        return {
+            "type": "snapshot",
+            **_run_facts(run),
+            "series": series,
+            "events": [_event(e) for e in events],
+            "trajectories": _trajectories(newest),  # newest first
+            "cursors": cursors,
+        }
+
+
+def clean_cursors(value: Any) -> Cursors | None:
+    """The cursors a client sent back with ``resume``, or None when they are malformed."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        metric_step = value["metric_step"]
+        metric_keys = value.get("metric_keys", [])
+        event_id = value["event_id"]
+        trajectory = value["trajectory"]
+    except KeyError:
+        return None
+    ints = (metric_step, event_id, *trajectory) if isinstance(trajectory, list) else ()
+    if len(ints) != 4 or not all(isinstance(i, int) and not isinstance(i, bool) for i in ints):
+        return None
+    if not isinstance(metric_keys, list) or not all(isinstance(k, str) for k in metric_keys):
+        return None
+    if len(metric_keys) > 1000:
+        return None
+    return {
+        "metric_step": metric_step,
+        "metric_keys": sorted(set(metric_keys)),
+        "event_id": event_id,
+        "trajectory": list(trajectory),
+    }
+
+
+def delta(run_id: int, since: Cursors) -> dict[str, Any]:
+    """What was committed after `since`: every chart point (not downsampled), new events and
+    the newest new trajectories, with the run's facts and the new cursors. When the run
+    restarted from an earlier step (a resumed attempt deletes what came after its
+    checkpoint), ``truncate_after`` tells the client to drop points and trajectories after
+    that step first. A client too far behind (more than DELTA_MAX_STEPS steps) gets a
+    snapshot instead."""
+    with transaction.atomic():
+        _repeatable_read()
+        run = Run.objects.get(pk=run_id)
+        cursors = dict(since)
+        events = list(
+            RunEvent.objects.filter(run_id=run_id, id__gt=since["event_id"]).order_by("id")
+        )
+        restarts = [e.step for e in events if e.kind == "run.started" and e.step is not None]
+        truncate_after: int | None = min(restarts) if restarts else None
+        if truncate_after is not None:
+            if cursors["metric_step"] > truncate_after:
+                cursors["metric_step"] = truncate_after
+                row = MetricRow.objects.filter(run_id=run_id, step=truncate_after).first()
+                cursors["metric_keys"] = (
+                    sorted(k for k in row.values if is_chart_key(k)) if row else []
+                )
+            if cursors["trajectory"][0] > truncate_after:
+                cursors["trajectory"] = [truncate_after, 2**31]
+        newest_step = (
+            MetricRow.objects.filter(run_id=run_id)
+            .order_by("-step")
+            .values_list("step", flat=True)
+            .first()
+        )
+        if newest_step is not None and newest_step - cursors["metric_step"] > DELTA_MAX_STEPS:
+            return snapshot(run_id)
+        series: dict[str, list[list[float]]] = {}
+        held = set(cursors["metric_keys"])
+        rows = MetricRow.objects.filter(run_id=run_id, step__gte=max(cursors["metric_step"], 0))
+        for row in rows.order_by("step"):
+            present = []
+            for key, raw in sorted(row.values.items()):
+                value = _number(raw)
+                if value is None or not is_chart_key(key):
+                    continue
+                present.append(key)
+                if row.step == cursors["metric_step"] and key in held:
+                    continue
+                series.setdefault(key, []).append([row.step, value])
+            if row.step > cursors["metric_step"]:
+                cursors["metric_step"] = row.step
+                held = set(present)
+            elif row.step == cursors["metric_step"]:
+                held |= set(present)
+        cursors["metric_keys"] = sorted(held)
+        after_step, after_index = cursors["trajectory"]
+        newer = _trajectory_rows(run_id).filter(
+            Q(step__gt=after_step) | Q(step=after_step, index__gt=after_index)
+        )
+        new_trajectories = list(newer.order_by("-step", "-index")[:DELTA_TRAJECTORIES])
+        if new_trajectories:
+            cursors["trajectory"] = [new_trajectories[0].step, new_trajectories[0].index]
+        if events:
+            cursors["event_id"] = events[-1].pk
+        message: dict[str, Any] = {
+            "type": "delta",
+            **_run_facts(run),
+            "series": series,
+            "events": [_event(e) for e in events],
+            "trajectories": _trajectories(new_trajectories),  # newest first
+            "cursors": cursors,
+        }
+        if truncate_after is not None:
+            message["truncate_after"] = truncate_after
+        return message

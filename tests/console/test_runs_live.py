@@ -1,0 +1,402 @@
+"""A run's live stream `/ws/runs/<id>/` over the real channel layer and PostgreSQL: who may
+watch, the snapshot, deltas after the sink commits, reconnecting without gap or duplicate,
+and the server-side downsampling."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings as django_settings
+from django.test import Client
+
+from console.asgi import application
+from console.broadcast import flush_soon
+from console.runs import live, services
+from console.runs.models import Attempt, Host, MetricRow, Run, RunEvent
+from console.runs.sink import ConsoleSink
+from tests.console.factories import ANONYMOUS, EVERYONE, OWNER, READERS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def trajectory(step: int, group: int, reward: float = 1.0) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": "Is 4 even?"}],
+        "prompt": "Is 4 even?",
+        "completion": "\\boxed{even} " + "x" * 500,
+        "observations": [],
+        "reward": {"total": reward, "breakdown": {"answer": reward}, "details": {}},
+        "finish_reason": "stop",
+        "response_tokens": 5,
+        "task_id": "7",
+        "provenance": {"step": step, "policy_version": step, "domain": "parity", "group": group},
+    }
+
+
+def train_metrics(step: int) -> dict[str, float]:
+    return {
+        "reward/mean": step / 10,
+        "reward/parity/mean": step / 20,
+        "actor/kl": 0.01 * step,
+        "timing_s/step": 1.5,
+        "mix/parity/weight": 1.0,  # not a chart key: never sent
+    }
+
+
+@pytest.fixture
+def attempt(people: Any, tmp_path: Path) -> Attempt:
+    (tmp_path / "config.json").write_text("{}")
+    version = services.model_register(
+        actor=people.owner, team=people.team, slug="m", title="M", path=str(tmp_path)
+    )
+    run = Run.objects.create(
+        team=people.team, created_by=people.owner, name="r", request={}, spec={},
+        pins={"domains": [{"slug": "parity"}]}, model_version=version, state="running",
+        max_steps=100,
+    )  # fmt: skip
+    host = Host.objects.create(name="h", cpu_slots=1)
+    return Attempt.objects.create(run=run, number=1, host=host, state="running")
+
+
+def headers(client: Client, origin: str = "http://testserver") -> list[tuple[bytes, bytes]]:
+    result = [(b"host", b"testserver"), (b"origin", origin.encode())]
+    cookie = client.cookies.get(django_settings.SESSION_COOKIE_NAME)
+    if cookie:
+        name = django_settings.SESSION_COOKIE_NAME
+        result.append((b"cookie", f"{name}={cookie.value}".encode()))
+    return result
+
+
+def socket(client: Client, run_id: int, query: str = "", **kw: Any) -> WebsocketCommunicator:
+    return WebsocketCommunicator(
+        application, f"/ws/runs/{run_id}/{query}", headers=headers(client, **kw)
+    )
+
+
+def db_points(run_id: int) -> dict[tuple[str, int], float]:
+    return {
+        (key, row.step): value
+        for row in MetricRow.objects.filter(run_id=run_id)
+        for key, value in row.values.items()
+        if live.is_chart_key(key) and isinstance(value, float | int)
+    }
+
+
+def points_of(messages: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [
+        (key, step) for m in messages for key, points in m["series"].items() for step, _ in points
+    ]
+
+
+async def write(sink: ConsoleSink, fn: str, *args: Any) -> None:
+    await sync_to_async(getattr(sink, fn))(*args)
+    await sync_to_async(flush_soon)()
+
+
+# --- who may watch ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("who", EVERYONE)
+def test_the_team_may_watch_and_outsiders_cannot_tell_the_run_exists(
+    who: str, client_as: Any, attempt: Attempt
+) -> None:
+    client = client_as(who)
+
+    async def scenario() -> tuple[bool, Any, Any]:
+        communicator = socket(client, attempt.run_id)
+        connected, code = await communicator.connect(timeout=10)
+        first = await communicator.receive_json_from(timeout=10) if connected else None
+        await communicator.disconnect()
+        return connected, code, first
+
+    connected, code, first = async_to_sync(scenario)()
+    if who in READERS:
+        assert connected and first["type"] == "snapshot" and first["seq"] == 1
+    else:
+        assert not connected
+        assert code == (4401 if who == ANONYMOUS else 4404)
+
+
+def test_a_missing_run_is_refused_like_another_teams_run(client_as: Any, attempt: Attempt) -> None:
+    client = client_as(OWNER)
+
+    async def scenario() -> tuple[bool, Any]:
+        communicator = socket(client, attempt.run_id + 1000)
+        connected, code = await communicator.connect(timeout=10)
+        await communicator.disconnect()
+        return connected, code
+
+    assert async_to_sync(scenario)() == (False, 4404)
+
+
+def test_a_foreign_origin_is_refused(client_as: Any, attempt: Attempt) -> None:
+    client = client_as(OWNER)
+
+    async def scenario() -> bool:
+        communicator = socket(client, attempt.run_id, origin="http://evil.example")
+        connected, _ = await communicator.connect(timeout=10)
+        await communicator.disconnect()
+        return connected
+
+    assert async_to_sync(scenario)() is False
+
+
+# --- snapshot and deltas ------------------------------------------------------------------------
+
+
+def test_the_snapshot_holds_the_series_events_and_newest_trajectories(
+    client_as: Any, attempt: Attempt
+) -> None:
+    sink = ConsoleSink(attempt)
+    sink.event("run.started", {"step": 0})
+    for step in (1, 2, 3):
+        sink.metrics(step, train_metrics(step))
+        sink.trajectories([trajectory(step, g) for g in range(10)])
+    sink.metrics(3, {"eval/reward/mean": 0.5, "actor/entropy": float("nan")})
+    sink.event("control.overrides_applied", {"step": 2, "reason": "hotter"})
+    client = client_as(OWNER)
+
+    async def scenario() -> Any:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        snapshot = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return snapshot
+
+    snapshot = async_to_sync(scenario)()
+    assert snapshot["type"] == "snapshot" and snapshot["seq"] == 1
+    assert snapshot["state"] == "running" and snapshot["last_step"] == 3
+    assert snapshot["max_steps"] == 100
+    got = {(k, s): v for k, pts in snapshot["series"].items() for s, v in pts}
+    assert got == db_points(attempt.run_id)
+    assert "mix/parity/weight" not in snapshot["series"]
+    assert "actor/entropy" not in snapshot["series"]  # NaN is stored as null: no point
+    assert snapshot["series"]["eval/reward/mean"] == [[3, 0.5]]
+    assert [(e["kind"], e["step"]) for e in snapshot["events"]] == [
+        ("run.started", 0),
+        ("control.overrides_applied", 2),
+    ]
+    assert snapshot["events"][1]["reason"] == "hotter"
+    feed = snapshot["trajectories"]
+    assert len(feed) == 20 and (feed[0]["step"], feed[0]["index"]) == (3, 9)
+    assert feed[0]["domain"] == "parity" and feed[0]["finish_reason"] == "stop"
+    assert feed[0]["completion"].startswith("\\boxed{even}") and len(feed[0]["completion"]) == 200
+    assert snapshot["cursors"] == {
+        "metric_step": 3,
+        "metric_keys": ["actor/kl", "eval/reward/mean", "reward/mean"]
+        + ["reward/parity/mean", "timing_s/step"],
+        "event_id": RunEvent.objects.filter(run_id=attempt.run_id).latest("id").pk,
+        "trajectory": [3, 9],
+    }
+
+
+def test_a_delta_follows_each_commit_of_the_sink(client_as: Any, attempt: Attempt) -> None:
+    sink = ConsoleSink(attempt)
+    client = client_as(OWNER)
+
+    async def scenario() -> list[dict[str, Any]]:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        received = [await communicator.receive_json_from(timeout=10)]
+        await write(sink, "metrics", 1, train_metrics(1))
+        received.append(await communicator.receive_json_from(timeout=10))
+        # The step's held-out evaluation merges into the same row: only the new keys come.
+        await write(sink, "metrics", 1, {"eval/reward/mean": 0.25})
+        received.append(await communicator.receive_json_from(timeout=10))
+        await write(sink, "trajectories", [trajectory(1, g) for g in range(3)])
+        received.append(await communicator.receive_json_from(timeout=10))
+        await write(sink, "event", "checkpoint.saved", {"step": 1, "reason": "periodic"})
+        received.append(await communicator.receive_json_from(timeout=10))
+        assert await communicator.receive_nothing(timeout=0.3)
+        await communicator.disconnect()
+        return received
+
+    snapshot, metrics, evaluation, trajectories, event = async_to_sync(scenario)()
+    assert snapshot["series"] == {} and snapshot["cursors"]["metric_step"] == -1
+    assert [m["seq"] for m in (metrics, evaluation, trajectories, event)] == [2, 3, 4, 5]
+    assert all(m["type"] == "delta" for m in (metrics, evaluation, trajectories, event))
+    assert metrics["series"] == {
+        "actor/kl": [[1, 0.01]],
+        "reward/mean": [[1, 0.1]],
+        "reward/parity/mean": [[1, 0.05]],
+        "timing_s/step": [[1, 1.5]],
+    }
+    assert metrics["last_step"] == 1
+    assert evaluation["series"] == {"eval/reward/mean": [[1, 0.25]]}
+    assert [(t["step"], t["index"]) for t in trajectories["trajectories"]] == [
+        (1, 2),
+        (1, 1),
+        (1, 0),
+    ]
+    assert trajectories["series"] == {}
+    assert [(e["kind"], e["reason"]) for e in event["events"]] == [("checkpoint.saved", "periodic")]
+
+
+def test_reconnecting_with_resume_gets_what_was_missed_without_gap_or_duplicate(
+    client_as: Any, attempt: Attempt
+) -> None:
+    sink = ConsoleSink(attempt)
+    for step in (1, 2):
+        sink.metrics(step, train_metrics(step))
+    client = client_as(OWNER)
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        first = [await communicator.receive_json_from(timeout=10)]
+        for step in (3, 4):
+            await write(sink, "metrics", step, train_metrics(step))
+            first.append(await communicator.receive_json_from(timeout=10))
+        await communicator.disconnect()  # the socket dies mid-run
+        for step in range(5, 12):
+            await write(sink, "metrics", step, train_metrics(step))
+            await write(sink, "trajectories", [trajectory(step, 0)])
+        await write(sink, "metrics", 11, {"eval/reward/mean": 0.75})
+        again = socket(client, attempt.run_id, "?resume=1")
+        assert (await again.connect(timeout=10))[0]
+        await again.send_json_to({"type": "resume", "since": first[-1]["cursors"]})
+        second = [await again.receive_json_from(timeout=10)]
+        await write(sink, "metrics", 12, train_metrics(12))
+        second.append(await again.receive_json_from(timeout=10))
+        assert await again.receive_nothing(timeout=0.3)
+        await again.disconnect()
+        return first, second
+
+    first, second = async_to_sync(scenario)()
+    assert second[0]["type"] == "delta" and [m["seq"] for m in second] == [1, 2]
+    received = points_of(first + second)
+    assert len(received) == len(set(received)), "a point was sent twice"
+    union = {(k, s): v for m in first + second for k, pts in m["series"].items() for s, v in pts}
+    assert union == db_points(attempt.run_id)
+    assert {t["step"] for t in second[0]["trajectories"]} == set(range(5, 12))
+
+
+def test_a_resume_with_nothing_missed_is_answered_with_an_empty_delta(
+    client_as: Any, attempt: Attempt
+) -> None:
+    ConsoleSink(attempt).metrics(1, train_metrics(1))
+    client = client_as(OWNER)
+
+    async def scenario() -> dict[str, Any]:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        snapshot = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        again = socket(client, attempt.run_id, "?resume=1")
+        assert (await again.connect(timeout=10))[0]
+        await again.send_json_to({"type": "resume", "since": snapshot["cursors"]})
+        answer = await again.receive_json_from(timeout=10)
+        await again.disconnect()
+        return answer
+
+    answer = async_to_sync(scenario)()
+    assert answer["type"] == "delta" and answer["series"] == {} and answer["events"] == []
+
+
+def test_a_restarted_attempt_tells_the_page_to_drop_what_came_after_its_checkpoint(
+    client_as: Any, attempt: Attempt
+) -> None:
+    sink = ConsoleSink(attempt)
+    for step in (1, 2, 3):
+        sink.metrics(step, train_metrics(step))
+    client = client_as(OWNER)
+
+    async def scenario() -> dict[str, Any]:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        await communicator.receive_json_from(timeout=10)
+        await write(sink, "event", "run.started", {"step": 1})
+        restart = await communicator.receive_json_from(timeout=10)
+        await write(sink, "metrics", 2, train_metrics(2))
+        again = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return {"restart": restart, "again": again}
+
+    got = async_to_sync(scenario)()
+    assert got["restart"]["truncate_after"] == 1
+    assert got["restart"]["cursors"]["metric_step"] == 1
+    assert got["again"]["series"]["reward/mean"] == [[2, 0.2]]
+
+
+@pytest.mark.parametrize("since", [{"metric_step": "x"}, [], {"event_id": 1}, None])
+def test_a_malformed_resume_closes_the_socket(since: Any, client_as: Any, attempt: Attempt) -> None:
+    client = client_as(OWNER)
+
+    async def scenario() -> Any:
+        communicator = socket(client, attempt.run_id, "?resume=1")
+        assert (await communicator.connect(timeout=10))[0]
+        await communicator.send_json_to({"type": "resume", "since": since})
+        output = await communicator.receive_output(timeout=10)
+        await communicator.disconnect()
+        return output
+
+    output = async_to_sync(scenario)()
+    assert output == {"type": "websocket.close", "code": 1007}
+
+
+def test_doorbells_that_ring_during_a_read_coalesce_and_nothing_is_lost(
+    client_as: Any, attempt: Attempt
+) -> None:
+    sink = ConsoleSink(attempt)
+    client = client_as(OWNER)
+
+    async def scenario() -> list[dict[str, Any]]:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        received = [await communicator.receive_json_from(timeout=10)]
+        for step in range(1, 41):
+            await sync_to_async(sink.metrics)(step, train_metrics(step))
+        await sync_to_async(flush_soon)()
+        while received[-1]["cursors"]["metric_step"] < 40:
+            received.append(await communicator.receive_json_from(timeout=10))
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+        return received
+
+    received = async_to_sync(scenario)()
+    assert len(received) - 1 < 40  # 40 doorbells, fewer reads
+    points = points_of(received)
+    assert len(points) == len(set(points))
+    assert set(points) == set(db_points(attempt.run_id))
+
+
+# --- downsampling -------------------------------------------------------------------------------
+
+
+def test_downsampling_keeps_each_buckets_min_and_max_and_bounds_the_points(
+    attempt: Attempt,
+) -> None:
+    rng = random.Random(7)
+    values = {step: rng.gauss(0, 1) for step in range(1, 20_001)}
+    values[12_345] = 50.0  # a spike
+    values[777] = -50.0
+    MetricRow.objects.bulk_create(
+        MetricRow(run_id=attempt.run_id, step=s, values={"reward/mean": v, "actor/kl": 1.0})
+        for s, v in values.items()
+    )
+    series = live.downsampled_series(attempt.run_id)
+    points = series["reward/mean"]
+    assert len(points) <= live.MAX_POINTS + 1
+    assert len(series["actor/kl"]) <= live.MAX_POINTS + 1
+    assert [p[0] for p in points] == sorted({p[0] for p in points})
+    kept = {step for step, _ in points}
+    assert {777, 12_345, 20_000} <= kept
+    width = -(-20_000 // (live.MAX_POINTS // 2))
+    for start in range(1, 20_001, width):
+        bucket = {s: values[s] for s in range(start, min(start + width, 20_001))}
+        assert min(bucket, key=lambda s: (bucket[s], s)) in kept
+        assert max(bucket, key=lambda s: (bucket[s], -s)) in kept
+    assert all(value == values[step] for step, value in points)
+
+
+def test_a_short_run_is_not_downsampled(attempt: Attempt) -> None:
+    MetricRow.objects.bulk_create(
+        MetricRow(run_id=attempt.run_id, step=s, values={"reward/mean": float(s)})
+        for s in range(1000)
+    )
+    assert len(live.downsampled_series(attempt.run_id)["reward/mean"]) == 1000
