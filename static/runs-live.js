@@ -1,0 +1,259 @@
+// A run's page, live: charts (uPlot), event markers, the state badge and a trajectory feed, fed
+// by the websocket /ws/runs/<id>/ (console/runs/consumers.py). The server sends a snapshot,
+// then deltas {type, seq, state, reason, last_step, max_steps, series: {key: [[step, value]]},
+// events: [{id, kind, step, reason, at}], trajectories: [...newest first], cursors,
+// truncate_after?}. After a lost connection the page reconnects with ?resume=1 and sends
+// {type: "resume", since: cursors} (the last cursors it received): it gets exactly what it
+// missed. While the socket is open the htmx poll of #run-live is held back and the part is
+// refreshed only when the socket reports a change of state or an event; when the socket
+// cannot open, the poll goes on as before.
+(function () {
+  "use strict";
+  const root = document.getElementById("live");
+  if (!root || typeof uPlot === "undefined") return;
+  const wsPath = root.dataset.ws;
+  const livePartUrl = root.dataset.livePart;
+  const FEED_MAX = 50;
+  const CHARTS = [
+    { id: "reward", title: "Reward mean (train)", match: (k) => /^reward\/mean$|^reward\/[^/]+\/mean$/.test(k) },
+    { id: "eval", title: "Held-out reward mean", match: (k) => /^eval\/reward\/mean$|^eval\/reward\/[^/]+\/mean$/.test(k) },
+    { id: "pass", title: "Pass rate", match: (k) => /^(eval\/)?pass_rate(\/[^/]+)?$/.test(k) },
+    { id: "kl", title: "KL (actor/kl)", match: (k) => k === "actor/kl" },
+    { id: "entropy", title: "Entropy (actor/entropy)", match: (k) => k === "actor/entropy" },
+    { id: "grad", title: "Grad norm (actor/grad_norm)", match: (k) => k === "actor/grad_norm" },
+    { id: "length", title: "Response length (mean)", match: (k) => k === "response_length/mean" },
+    { id: "clip", title: "Clipping", match: (k) => k === "response_length/clip_ratio" || k === "actor/pg_clipfrac" },
+    { id: "zero", title: "Zero-variance groups (frac_reward_zero_std)", match: (k) => k === "frac_reward_zero_std" },
+    { id: "std", title: "Reward std", match: (k) => /^reward\/std$|^reward\/[^/]+\/std$/.test(k) },
+    { id: "throughput", title: "Throughput (tokens/s)", match: (k) => k === "perf/throughput" },
+    { id: "timing", title: "Stage timings (s)", match: (k) => /^timing_s\//.test(k) },
+  ];
+  const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#4b5563"];
+
+  const data = new Map(); // key -> Map(step -> value)
+  let events = []; // markers
+  const charts = new Map(); // chart id -> {plot, keys, el}
+  let cursors = null;
+  let seq = 0;
+  let socket = null;
+  let backoff = 1000;
+  let stopped = false;
+  let drawPending = false;
+
+  const statusEl = document.getElementById("live-status");
+  const chartsEl = document.getElementById("live-charts");
+  const feedEl = document.getElementById("live-feed");
+  const tip = document.createElement("div");
+  tip.className = "marker-tip";
+  tip.hidden = true;
+  document.body.appendChild(tip);
+
+  function say(text) { if (statusEl) statusEl.textContent = text; }
+
+  // --- data -------------------------------------------------------------------------------
+  function reset() {
+    data.clear();
+    events = [];
+    if (feedEl) feedEl.textContent = "";
+  }
+
+  function addSeries(series) {
+    for (const [key, points] of Object.entries(series || {})) {
+      let m = data.get(key);
+      if (!m) { m = new Map(); data.set(key, m); }
+      for (const [step, value] of points) m.set(step, value);
+    }
+  }
+
+  function truncate(after) {
+    for (const m of data.values()) for (const step of [...m.keys()]) if (step > after) m.delete(step);
+    events = events.filter((e) => e.step === null || e.step <= after || e.kind === "run.started");
+    if (feedEl) for (const li of [...feedEl.children]) if (Number(li.dataset.step) > after) li.remove();
+  }
+
+  // --- charts -----------------------------------------------------------------------------
+  function markersPlugin() {
+    return {
+      hooks: {
+        draw: (u) => {
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.strokeStyle = "rgba(120,120,120,.7)";
+          ctx.setLineDash([4, 4]);
+          ctx.lineWidth = 1;
+          for (const e of events) {
+            if (e.step === null) continue;
+            const x = Math.round(u.valToPos(e.step, "x", true));
+            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+            ctx.beginPath();
+            ctx.moveTo(x, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + u.bbox.height);
+            ctx.stroke();
+          }
+          ctx.restore();
+        },
+        setCursor: (u) => {
+          const left = u.cursor.left;
+          if (left == null || left < 0) { tip.hidden = true; return; }
+          const near = events.filter((e) => e.step !== null && Math.abs(u.valToPos(e.step, "x") - left) <= 4);
+          if (!near.length) { tip.hidden = true; return; }
+          tip.textContent = near.map((e) => `step ${e.step}: ${e.kind}${e.reason ? " — " + e.reason : ""}`).join("\n");
+          const box = u.over.getBoundingClientRect();
+          tip.style.left = `${window.scrollX + box.left + left + 8}px`;
+          tip.style.top = `${window.scrollY + box.top + 4}px`;
+          tip.hidden = false;
+        },
+      },
+    };
+  }
+
+  function chartData(keys) {
+    const steps = new Set();
+    for (const k of keys) for (const s of data.get(k).keys()) steps.add(s);
+    const xs = [...steps].sort((a, b) => a - b);
+    return [xs, ...keys.map((k) => { const m = data.get(k); return xs.map((s) => (m.has(s) ? m.get(s) : null)); })];
+  }
+
+  function width() { return Math.max(280, Math.min(560, (chartsEl.clientWidth || 600) / 2 - 16)); }
+
+  function makeChart(def, keys) {
+    let entry = charts.get(def.id);
+    if (entry) entry.plot.destroy();
+    else {
+      const el = document.createElement("figure");
+      el.className = "live-chart";
+      el.id = `chart-${def.id}`;
+      const order = CHARTS.findIndex((c) => c.id === def.id);
+      el.dataset.order = String(order);
+      const after = [...chartsEl.children].find((c) => Number(c.dataset.order) > order);
+      chartsEl.insertBefore(el, after || null);
+      entry = { el };
+      charts.set(def.id, entry);
+    }
+    entry.keys = keys;
+    entry.el.textContent = "";
+    const opts = {
+      title: def.title,
+      width: width(),
+      height: 220,
+      cursor: { sync: { key: "run-live" } },
+      scales: { x: { time: false } },
+      axes: [{ label: "step" }, {}],
+      series: [{ label: "step" }, ...keys.map((k, i) => ({ label: k, stroke: COLORS[i % COLORS.length], spanGaps: true, width: 1.5 }))],
+      plugins: [markersPlugin()],
+    };
+    entry.plot = new uPlot(opts, chartData(keys), entry.el);
+  }
+
+  function draw() {
+    drawPending = false;
+    for (const def of CHARTS) {
+      const keys = [...data.keys()].filter((k) => def.match(k) && data.get(k).size).sort();
+      if (!keys.length) continue;
+      const entry = charts.get(def.id);
+      if (!entry || entry.keys.join("\n") !== keys.join("\n")) makeChart(def, keys);
+      else entry.plot.setData(chartData(keys));
+    }
+    for (const entry of charts.values()) entry.el.dataset.points = String(entry.plot.data[0].length);
+    chartsEl.dataset.points = String([...data.values()].reduce((n, m) => n + m.size, 0));
+  }
+
+  function redraw() {
+    if (!drawPending) { drawPending = true; requestAnimationFrame(draw); }
+  }
+
+  // --- facts and the feed -----------------------------------------------------------------
+  let lastState = null;
+  let refreshTimer = null;
+
+  function refreshLivePart() {
+    // The attempts table, counts and error live in #run-live (htmx partial): fetch it once.
+    if (!window.htmx || !livePartUrl) return;
+    clearTimeout(refreshTimer);
+    refreshTimer = setTimeout(() => {
+      allowPoll = true;
+      window.htmx.ajax("GET", livePartUrl, { target: "#run-live", swap: "outerHTML" });
+    }, 300);
+  }
+
+  function facts(msg) {
+    const badge = document.querySelector("#run-state .badge");
+    if (badge && msg.state) {
+      badge.className = `badge state-${msg.state}`;
+      badge.textContent = msg.state.charAt(0).toUpperCase() + msg.state.slice(1);
+    }
+    const step = document.getElementById("run-step");
+    if (step) step.textContent = `${msg.last_step}/${msg.max_steps}`;
+    const changed = lastState !== null && (lastState !== `${msg.state}|${msg.reason}`);
+    lastState = `${msg.state}|${msg.reason}`;
+    if (changed || (msg.type === "delta" && msg.events.length)) refreshLivePart();
+  }
+
+  function feed(trajectories) {
+    if (!feedEl) return;
+    for (const t of [...trajectories].reverse()) {
+      const li = document.createElement("li");
+      li.dataset.step = String(t.step);
+      const head = document.createElement("span");
+      head.className = "feed-head";
+      head.textContent = `step ${t.step} #${t.index} · ${t.domain} · reward ${Number(t.reward).toFixed(3)} · ${t.finish_reason}`;
+      const body = document.createElement("code");
+      body.textContent = t.completion;
+      li.append(head, body);
+      feedEl.prepend(li);
+    }
+    while (feedEl.children.length > FEED_MAX) feedEl.lastElementChild.remove();
+    feedEl.dataset.count = String(feedEl.children.length);
+  }
+
+  // --- the socket -------------------------------------------------------------------------
+  function onMessage(msg) {
+    if (msg.seq !== seq + 1) { socket.close(4000, "sequence gap"); return; }
+    seq = msg.seq;
+    if (msg.type === "snapshot") reset();
+    if (msg.truncate_after !== undefined) truncate(msg.truncate_after);
+    addSeries(msg.series);
+    events = events.concat(msg.events || []);
+    feed(msg.trajectories || []);
+    facts(msg);
+    cursors = msg.cursors;
+    window.runLiveOpen = true;
+    say(`Live · updated ${new Date().toLocaleTimeString()}`);
+    redraw();
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const resume = cursors !== null;
+    seq = 0;
+    socket = new WebSocket(`${scheme}://${location.host}${wsPath}${resume ? "?resume=1" : ""}`);
+    socket.onopen = () => {
+      backoff = 1000;
+      if (resume) socket.send(JSON.stringify({ type: "resume", since: cursors }));
+    };
+    socket.onmessage = (e) => onMessage(JSON.parse(e.data));
+    socket.onclose = (e) => {
+      window.runLiveOpen = false;
+      if (stopped) return;
+      if ([4401, 4403, 4404, 1007].includes(e.code)) { say("Live updates are not available (polling instead)."); return; }
+      say(`Reconnecting in ${Math.round(backoff / 1000)} s (polling meanwhile)…`);
+      setTimeout(connect, backoff);
+      backoff = Math.min(backoff * 2, 30000);
+    };
+  }
+
+  // Hold back the htmx poll of #run-live while the socket is open (the poll stays the
+  // fallback), except for the refreshes the socket asks for.
+  let allowPoll = false;
+  document.body.addEventListener("htmx:beforeRequest", (e) => {
+    const target = e.detail && e.detail.elt;
+    if (!target || target.id !== "run-live") return;
+    if (window.runLiveOpen && !allowPoll) e.preventDefault();
+    allowPoll = false;
+  });
+  window.addEventListener("resize", () => { for (const c of charts.values()) c.plot.setSize({ width: width(), height: 220 }); });
+  window.addEventListener("pagehide", () => { stopped = true; if (socket) socket.close(); });
+  // Tests reach the socket through this (e.g. to kill it and watch the page resume).
+  window.runLive = { close: () => socket && socket.close(), points: () => [...data.values()].reduce((n, m) => n + m.size, 0) };
+  connect();
+})();
