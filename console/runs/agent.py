@@ -262,14 +262,9 @@ def execute(attempt_id: int) -> dict[str, Any]:
                 attempt_id=attempt_id, status="cancelled", step=attempt.start_step, exit_code=code
             )
         else:
-            services.attempt_finished(
-                attempt_id=attempt_id,
-                status="failed",
-                step=attempt.start_step,
-                exit_code=code,
-                error=f"the job exited with code {code} without reporting an outcome; "
-                f"its last output:\n{output.last}",
-            )
+            # A job that reported its outcome has already ended its attempt; one that did not
+            # died (a signal, the OOM killer): its run resumes from its last checkpoint.
+            services.attempt_died(attempt_id=attempt_id, exit_code=code, last_output=output.last)
         return {"attempt": attempt_id, "claimed": True, "exit_code": code}
     finally:
         with _supervised_lock:

@@ -615,9 +615,9 @@ def attempt_finished(
     return True
 
 
-def _requeue_lost(attempt: Attempt, reason: str) -> None:
+def _requeue_lost(attempt: Attempt, reason: str, outcome: str = "lost") -> None:
     attempt.state = AttemptState.LOST
-    attempt.outcome = "lost"
+    attempt.outcome = outcome
     attempt.error = reason
     attempt.ended_at = timezone.now()
     attempt.save(update_fields=["state", "outcome", "error", "ended_at"])
@@ -631,6 +631,33 @@ def _requeue_lost(attempt: Attempt, reason: str) -> None:
         _set_run_state(run, RunState.CANCELLED, f"cancelled ({reason})", ended_at=timezone.now())
     else:
         _set_run_state(run, RunState.QUEUED, f"{reason}; resumes from its last checkpoint")
+
+
+def attempt_died(*, attempt_id: int, exit_code: int | None, last_output: str) -> None:
+    """The job exited without reporting an outcome (killed by a signal or the OOM killer, or
+    its interpreter crashed). Its run goes back to the queue and resumes from its last
+    checkpoint, unless its jobs have now died RUN_MAX_ATTEMPTS times: then it fails, with the
+    job's last output."""
+    how = f"signal {-exit_code}" if exit_code is not None and exit_code < 0 else f"code {exit_code}"
+    reason = f"the job died ({how}) without reporting"
+    with transaction.atomic():
+        attempt = Attempt.objects.select_for_update().get(pk=attempt_id)
+        if attempt.state not in LIVE_ATTEMPT_STATES:
+            return
+        deaths = Attempt.objects.filter(run_id=attempt.run_id, outcome="died").count() + 1
+        if deaths < settings.RUN_MAX_ATTEMPTS:
+            attempt.exit_code = exit_code
+            attempt.save(update_fields=["exit_code"])
+            _requeue_lost(attempt, reason, outcome="died")
+            transaction.on_commit(request_placement)
+            return
+    attempt_finished(
+        attempt_id=attempt_id,
+        status="failed",
+        step=attempt.start_step,
+        exit_code=exit_code,
+        error=f"{reason}, {deaths} times; its last output:\n{last_output}",
+    )
 
 
 def sweep() -> dict[str, int]:

@@ -90,6 +90,7 @@ def test_a_run_launched_through_the_api_learns_and_everything_lands_in_postgres(
     sample = TrajectoryRecord.objects.filter(run=final).first()
     assert sample is not None and sample.domain == "parity"
     assert sample.task_id.isdigit()  # the registry task's id
+    assert sample.rubric_version == 1  # the registry's version number it was scored with
     # Per-step metrics, held-out evaluations at 0, 20 and 40, and reward that rose.
     metrics = {row.step: row.values for row in MetricRow.objects.filter(run=final)}
     assert set(range(1, 41)) <= set(metrics)
@@ -226,3 +227,40 @@ def test_a_job_that_fails_puts_its_traceback_on_the_run(
     assert attempt.state == "failed" and attempt.exit_code == 1
     logs = api_client_as("owner").get(f"/api/runs/{run['id']}/logs").json()
     assert "Traceback" in logs[0]["text"]
+
+
+def test_a_killed_job_resumes_from_its_checkpoint_on_the_same_host(cluster, parity, api_client_as):
+    import os
+    import signal
+
+    cluster.start_agent("host-e")
+    document = default_document(model="demo", domains=[("parity", 1.0)])
+    document.update(name="parity-oom", max_steps=10)
+    document["batch"].update(prompts_per_step=4, group_size=4)
+    document["checkpoint"].update(every_steps=3)
+    document["eval"].update(at_start=False, at_end=False)
+    run = launch(api_client_as("owner"), document)
+    wait_for(
+        lambda: Checkpoint.objects.filter(run_id=run["id"], step__gte=3).exists()
+        and Run.objects.get(pk=run["id"]).last_step >= 4,
+        timeout=600, what="a checkpoint", cluster=cluster,
+    )  # fmt: skip
+    first = Attempt.objects.get(run_id=run["id"], number=1)
+    os.kill(first.pid, signal.SIGKILL)  # what the OOM killer does to the job, not the agent
+
+    wait_for(
+        lambda: state_of(run["id"]) in ("completed", "failed", "cancelled"),
+        timeout=900, what="the run to end", cluster=cluster,
+    )  # fmt: skip
+    final = Run.objects.get(pk=run["id"])
+    assert final.state == "completed", f"{final.state_reason}\n{final.error}\n{cluster.logs()}"
+    attempts = list(Attempt.objects.filter(run=final).order_by("number"))
+    assert [(a.state, a.outcome) for a in attempts] == [
+        ("lost", "died"),
+        ("completed", "completed"),
+    ]
+    assert attempts[0].exit_code == -signal.SIGKILL
+    assert "signal 9" in attempts[0].error
+    counts = per_step_counts(final.pk)
+    assert sorted(counts) == list(range(1, 11))
+    assert set(counts.values()) == {16}
