@@ -166,14 +166,15 @@
   let lastState = null;
   let refreshTimer = null;
 
-  function refreshLivePart() {
-    // The attempts table, counts and error live in #run-live (htmx partial): fetch it once.
-    if (!window.htmx || !livePartUrl) return;
-    clearTimeout(refreshTimer);
+  function refreshLivePart(delay) {
+    // The attempts table, the trajectory count and the error live in #run-live (the htmx
+    // partial): fetch it once after a change (at most one fetch pending).
+    if (!window.htmx || !livePartUrl || refreshTimer !== null) return;
     refreshTimer = setTimeout(() => {
+      refreshTimer = null;
       allowPoll = true;
       window.htmx.ajax("GET", livePartUrl, { target: "#run-live", swap: "outerHTML" });
-    }, 300);
+    }, delay);
   }
 
   function facts(msg) {
@@ -186,7 +187,8 @@
     if (step) step.textContent = `${msg.last_step}/${msg.max_steps}`;
     const changed = lastState !== null && (lastState !== `${msg.state}|${msg.reason}`);
     lastState = `${msg.state}|${msg.reason}`;
-    if (changed || (msg.type === "delta" && msg.events.length)) refreshLivePart();
+    if (changed || (msg.type === "delta" && msg.events.length)) refreshLivePart(300);
+    else if (msg.type === "delta" && msg.trajectories.length) refreshLivePart(3000);
   }
 
   function feed(trajectories) {
