@@ -54,23 +54,31 @@ class Cell:
 
 
 def parse_lever(text: str) -> dict[str, Any]:
-    """``key=value[,key=value]`` with dotted keys into the run dict (``algorithm.entropy_coef``)."""
+    """``key=value[,key=value]`` with dotted keys into the run dict (``algorithm.entropy_coef``);
+    ``key=@file.json`` reads the value from a JSON file (a rubric: ``domains.0.rubric_spec``)."""
     out: dict[str, Any] = {}
     if text in ("", "default"):
         return out
     for part in text.split(","):
         key, _, raw = part.partition("=")
+        if raw.startswith("@"):
+            out[key.strip()] = json.loads(Path(raw[1:]).read_text())
+            continue
         out[key.strip()] = json.loads(raw) if raw.strip()[:1] in '[{"tf-0123456789.' else raw
     return out
 
 
 def apply_lever(data: dict[str, Any], lever: dict[str, Any]) -> dict[str, Any]:
+    """Sets each dotted key; a numeric part indexes a list (``domains.0.rubric_spec``)."""
     for dotted, value in lever.items():
-        node = data
+        node: Any = data
         *parents, leaf = dotted.split(".")
         for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+            node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+        if isinstance(node, list):
+            node[int(leaf)] = value
+        else:
+            node[leaf] = value
     return data
 
 
@@ -176,16 +184,18 @@ def main(argv: list[str] | None = None) -> int:
                         if args.json:
                             with args.json.open("a") as handle:
                                 handle.write(json.dumps(cell.__dict__) + "\n")
-    print("\nsummary (learned / runs, collapsed / runs):")
+    print("\n| domain | algorithm | lever | seeds learned | collapsed | before | mean rise |")
+    print("|---|---|---|---|---|---|---|")
     keys = sorted({(c.domain, c.algorithm, c.lever) for c in cells})
     for key in keys:
         group = [c for c in cells if (c.domain, c.algorithm, c.lever) == key]
         learned = sum(c.learned for c in group)
         collapsed = sum(c.collapsed for c in group)
+        before = sum(c.before for c in group) / len(group)
         rise = sum(c.after - c.before for c in group) / len(group)
         print(
-            f"  {key[0]:<12} {key[1]:<6} {key[2]:<34} learned {learned}/{len(group)}  "
-            f"collapsed {collapsed}/{len(group)}  mean rise {rise:+.3f}"
+            f"| {key[0]} | {key[1]} | {key[2]} | {learned}/{len(group)} | "
+            f"{collapsed}/{len(group)} | {before:.3f} | {rise:+.3f} |"
         )
     return 0
 

@@ -359,6 +359,10 @@ class _Run:
         self.temperature = spec.sampling.temperature
         self.step = 0
         self.tool_seconds = 0.0  # elapsed in tool phases since the step's rollout began
+        # This step's stages on this rank, start and end relative to the step's start
+        # (`StageSpan`); gathered from every rank into the ``step.timeline`` event.
+        self.timeline: list[dict[str, Any]] = []
+        self.step_started = self.started
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.last_checkpoint: str | None = None
         self.collapse = CollapseDetector()
@@ -414,6 +418,18 @@ class _Run:
         self.sync_weights()
         self.last_checkpoint = str(path)  # what a run that fails before its next save has
         self.sink.event("run.resumed", {"step": self.step, "checkpoint": str(path)})
+
+    def mark(self, stage: str, start: float, end: float, **extra: float) -> None:
+        """Adds ``stage`` (``time.perf_counter`` instants) to this step's timeline."""
+        self.timeline.append(
+            {
+                "stage": stage,
+                "start_s": round(start - self.step_started, 6),
+                "end_s": round(end - self.step_started, 6),
+                "rank": self.rank,
+                **{k: round(v, 6) for k, v in extra.items()},
+            }
+        )
 
     def sync_weights(self) -> float:
         started = time.perf_counter()
@@ -754,7 +770,8 @@ class _Run:
     def train_step(self) -> dict[str, float]:
         spec = self.spec
         timings: dict[str, float] = {}
-        started = time.perf_counter()
+        started = self.step_started = time.perf_counter()
+        self.timeline = []
         samples, trained, drawn, generation = self.generate(timings)
 
         t = time.perf_counter()
@@ -786,6 +803,7 @@ class _Run:
                 for key, value in result.items():
                     train_metrics.setdefault(key, []).append(value)
         timings["timing_s/train"] = time.perf_counter() - t
+        self.mark("train", t, t + timings["timing_s/train"])
         if all(train_metrics.get("train/skipped", [1.0])):
             self.sink.event(
                 "train.skipped",
@@ -797,8 +815,11 @@ class _Run:
             )
 
         self.step += 1
+        t = time.perf_counter()
         timings["timing_s/weight_sync"] = self.sync_weights()
+        self.mark("weight_sync", t, t + timings["timing_s/weight_sync"])
         timings["timing_s/step"] = time.perf_counter() - started
+        timeline = _gather(self.timeline, self.world)
 
         records = _gather([self.record(s) for s in samples], self.world)
         trajectories = _gather([self.trajectory(s) for s in samples], self.world)
@@ -825,6 +846,10 @@ class _Run:
             metrics[f"mix/{name}/prompts"] = float(sum(1 for d, _ in drawn if d == name))
         self.sink.trajectories(trajectories)
         self.sink.metrics(self.step, metrics)
+        self.sink.event(
+            "step.timeline",
+            {"step": self.step, "step_s": round(timings["timing_s/step"], 6), "stages": timeline},
+        )
         change = self.collapse.observe(self.step, metrics)
         if change is not None:
             self.sink.event(*change)
@@ -861,11 +886,19 @@ class _Run:
             fresh = self.rollout(mine, spec.batch.group_size, self.temperature, seed)
             # Tool phases run inside the rollout (episodes interleave generation and tools);
             # their elapsed time is split out, so rollout + tools is the stage's wall time.
-            rollout_s += time.perf_counter() - t - self.tool_seconds
+            ended = time.perf_counter()
+            rollout_s += ended - t - self.tool_seconds
             tools_s += self.tool_seconds
+            # On the timeline the tool calls are interleaved with generation: both stages span
+            # the round's wall time, each with its own busy seconds.
+            self.mark("rollout", t, ended, busy_s=ended - t - self.tool_seconds, round=rounds)
+            if self.tool_seconds > 0:
+                self.mark("tools", t, ended, busy_s=self.tool_seconds, round=rounds)
             t = time.perf_counter()
             self.score(fresh)
-            reward_s += time.perf_counter() - t
+            ended = time.perf_counter()
+            reward_s += ended - t
+            self.mark("reward", t, ended, round=rounds)
             samples.extend(fresh)
             rounds += 1
             if not dynamic:

@@ -19,6 +19,17 @@ Held-out evaluation: ``eval/reward/mean``, ``eval/reward/sem`` (standard error o
 ``eval/reward/<domain>/mean``, ``eval/pass_rate``, ``eval/pass_rate/<domain>``.
 
 Events from the metrics: ``run.collapsed`` / ``run.collapse_recovered`` (`CollapseDetector`).
+
+The step as a timeline: after each step's metrics the loop sends a ``step.timeline`` event,
+``{"step", "step_s", "stages": [{"stage", "start_s", "end_s", "rank", ...}]}``, one span per
+stage and rank (every rank's, gathered on rank 0), start and end in seconds from the step's
+start. Stages: ``rollout``, ``tools`` (only when tool calls ran; it spans the same wall time as
+its rollout round, since an episode interleaves generation and tools), ``reward`` (those three
+once per generation round, with ``round``: DAPO's dynamic sampling runs several), ``train`` and
+``weight_sync``. ``rollout`` and ``tools`` spans carry ``busy_s``, the seconds each stage itself
+took in that window (what ``timing_s/rollout`` and ``timing_s/tools`` sum); for the others
+``end_s - start_s`` summed over the step is ``timing_s/<stage>``. Held-out evaluation runs
+between steps and is not on the timeline.
 """
 
 from __future__ import annotations

@@ -372,3 +372,41 @@ def test_reward_mean_and_std_are_reported_per_domain_and_per_criterion():
     assert metrics["reward/code/tests/mean"] == 0.5 and metrics["reward/code/tests/std"] == 0.5
     assert metrics["reward/code/format/std"] == 0.0
     assert metrics["reward/json/valid/mean"] == 0.0
+
+
+def test_each_step_reports_its_stages_as_a_timeline_with_start_and_end(tiny_model_dir, tmp_path):
+    # Temperature 0: every group is flat, so dynamic sampling runs all three rounds a step.
+    base = tiny_spec(tiny_model_dir, tmp_path)
+    sink = completed_tiny_run(
+        tiny_model_dir,
+        tmp_path,
+        max_steps=2,
+        algorithm={"algorithm": "dapo"},
+        sampling={**base["sampling"], "temperature": 0.0},
+        batch={**base["batch"], "max_generation_rounds": 3},
+    )
+    timelines = [p for kind, p in sink.events if kind == "step.timeline"]
+    assert [p["step"] for p in timelines] == [1, 2]
+    for payload in timelines:
+        metrics = sink.metrics_at(payload["step"])
+        stages = payload["stages"]
+        assert [s["stage"] for s in stages] == [
+            *["rollout", "reward"] * 3,
+            "train",
+            "weight_sync",
+        ]
+        assert [s["round"] for s in stages[:6]] == [0, 0, 1, 1, 2, 2]
+        assert {s["rank"] for s in stages} == {0}
+        # In order, not overlapping, inside the step.
+        ends = [0.0]
+        for span in stages:
+            assert ends[-1] <= span["start_s"] <= span["end_s"] <= payload["step_s"], span
+            ends.append(span["end_s"])
+        assert payload["step_s"] == pytest.approx(metrics["timing_s/step"], abs=1e-5)
+
+        def total(stage, stages=stages):
+            return sum(s["end_s"] - s["start_s"] for s in stages if s["stage"] == stage)
+
+        # The spans add up to the stage timings the metrics report.
+        for stage in ("rollout", "reward", "train", "weight_sync"):
+            assert total(stage) == pytest.approx(metrics[f"timing_s/{stage}"], abs=1e-4), stage
