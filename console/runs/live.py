@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
-from console.runs.models import MetricRow, Run, RunEvent, TrajectoryRecord
+from console.runs.models import PER_STEP_EVENT_KINDS, MetricRow, Run, RunEvent, TrajectoryRecord
 
 # The metric keys drawn as charts (names from training/metrics.py).
 CHART_KEY = re.compile(
@@ -172,7 +172,11 @@ def snapshot(run_id: int) -> dict[str, Any]:
         run = Run.objects.get(pk=run_id)
         series = downsampled_series(run_id)
         metric_step, metric_keys = _metric_cursor(run_id)
-        events = list(RunEvent.objects.filter(run_id=run_id).order_by("-id")[:SNAPSHOT_EVENTS])
+        events = list(
+            RunEvent.objects.filter(run_id=run_id)
+            .exclude(kind__in=PER_STEP_EVENT_KINDS)
+            .order_by("-id")[:SNAPSHOT_EVENTS]
+        )
         events.reverse()
         newest = list(_trajectory_rows(run_id).order_by("-step", "-index")[:SNAPSHOT_TRAJECTORIES])
         cursors: Cursors = {
@@ -229,7 +233,9 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
         run = Run.objects.get(pk=run_id)
         cursors = dict(since)
         events = list(
-            RunEvent.objects.filter(run_id=run_id, id__gt=since["event_id"]).order_by("id")
+            RunEvent.objects.filter(run_id=run_id, id__gt=since["event_id"])
+            .exclude(kind__in=PER_STEP_EVENT_KINDS)
+            .order_by("id")
         )
         restarts = [e.step for e in events if e.kind == "run.started" and e.step is not None]
         truncate_after: int | None = min(restarts) if restarts else None

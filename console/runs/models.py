@@ -281,6 +281,11 @@ class Checkpoint(models.Model):
         return f"run {self.run_id} step {self.step} ({self.reason})"
 
 
+# Events a run records every step (the stage timeline): kept for the step views, left out of
+# the event lists and chart markers, which are for what happens now and then.
+PER_STEP_EVENT_KINDS = ("step.timeline",)
+
+
 class RunEvent(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     attempt = models.ForeignKey(

@@ -9,6 +9,7 @@ from django.db.models import Count, Prefetch, QuerySet
 from console.accounts.models import Team
 from console.registry.models import VersionStatus
 from console.runs.models import (
+    PER_STEP_EVENT_KINDS,
     Attempt,
     Checkpoint,
     Host,
@@ -127,7 +128,8 @@ def run_metrics_newest(*, run: Run, limit: int = 20) -> list[MetricRow]:
 
 def run_events_newest(*, run: Run, limit: int = 50) -> list[RunEvent]:
     """The newest `limit` events of a run, newest first."""
-    return list(RunEvent.objects.filter(run=run).order_by("-id")[:limit])
+    events = RunEvent.objects.filter(run=run).exclude(kind__in=PER_STEP_EVENT_KINDS)
+    return list(events.order_by("-id")[:limit])
 
 
 def model_list_with_lineage(*, team: Team | int) -> QuerySet[RegisteredModel]:

@@ -25,7 +25,15 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.runs import services
-from console.runs.models import Attempt, Checkpoint, MetricRow, Run, TrajectoryRecord
+from console.runs.models import (
+    PER_STEP_EVENT_KINDS,
+    Attempt,
+    Checkpoint,
+    MetricRow,
+    Run,
+    RunEvent,
+    TrajectoryRecord,
+)
 from training.control import ControlDecision, Overrides
 
 TRAJECTORY_COLUMNS = (
@@ -221,6 +229,10 @@ class ConsoleSink:
                 # Steps after the checkpoint this attempt resumed from are produced again.
                 TrajectoryRecord.objects.filter(run=self.run, step__gt=start).delete()
                 MetricRow.objects.filter(run=self.run, step__gt=start).delete()
+                # The re-run steps' timelines come again too (the lost attempt's are moot).
+                RunEvent.objects.filter(
+                    run=self.run, kind__in=PER_STEP_EVENT_KINDS, step__gt=start
+                ).delete()
                 Run.objects.filter(pk=self.run.pk).update(last_step=start)
                 if data.get("spec") is not None:
                     data = {**data, "spec": "(stored on the run)"}

@@ -127,3 +127,21 @@ def test_an_override_naming_a_domain_the_run_lacks_is_refused(attempt, people):
         )
     assert "domain_weights" in caught.value.message_dict
     assert not run.commands.exists()
+
+
+def test_step_timelines_are_kept_per_step_and_redone_steps_replace_theirs(attempt):
+    from console.runs.models import RunEvent
+    from console.runs.selectors import run_events_newest
+
+    sink = ConsoleSink(attempt)
+    for step in (1, 2, 3):
+        sink.event("step.timeline", {"step": step, "step_s": 1.0, "stages": []})
+    sink.event("run.preempted", {"step": 3})
+    attempt.state = "lost"
+    attempt.save()
+    second = Attempt.objects.create(run=attempt.run, number=2, host=attempt.host)
+    ConsoleSink(second).event("run.started", {"step": 2, "spec": None})
+    timelines = RunEvent.objects.filter(run=attempt.run, kind="step.timeline")
+    assert sorted(timelines.values_list("step", flat=True)) == [1, 2]
+    # The page's event list shows what happens now and then, not one row per step.
+    assert [e.kind for e in run_events_newest(run=attempt.run)] == ["run.started", "run.preempted"]
