@@ -20,11 +20,11 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, NinjaAPI, Schema
-from ninja.errors import ValidationError
+from ninja.errors import HttpError, ValidationError
 from ninja.pagination import LimitOffsetPagination
 from ninja.security import HttpBearer
 
-from console.accounts.models import ApiToken, Membership
+from console.accounts.models import ApiToken, Membership, Role
 from console.accounts.services import api_token_authenticate
 
 
@@ -52,6 +52,15 @@ def api_membership(request: HttpRequest) -> Membership:
     if not isinstance(token, ApiToken):
         raise RuntimeError("api_membership needs an endpoint protected by token_auth")
     return Membership.objects.select_related("team", "user").get(user=token.user, team=token.team)
+
+
+def api_member(request: HttpRequest, role: str = Role.ANNOTATOR) -> Membership:
+    """`api_membership`, refused with a 403 when its role is below `role` (routers check the
+    object's team first, so an outsider gets the 404 before any role check)."""
+    membership = api_membership(request)
+    if not membership.has_role(role):
+        raise HttpError(403, f"This needs the {Role(role).label.lower()} role")
+    return membership
 
 
 class ErrorOut(Schema):

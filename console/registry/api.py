@@ -21,7 +21,7 @@ from ninja.errors import HttpError
 from ninja.pagination import paginate
 
 from console.accounts.models import Membership, Role
-from console.api import ErrorOut, Pagination, answers, api_membership
+from console.api import ErrorOut, Pagination, answers, api_member, api_membership
 from console.registry import selectors, services, specs
 from console.registry.jsonvalues import json_value_problem
 from console.registry.models import (
@@ -41,13 +41,6 @@ _SPOOL_CHUNK = 64 * 1024
 # --- access ---------------------------------------------------------------------------------------
 
 
-def _member(request: HttpRequest, role: str = Role.ANNOTATOR) -> Membership:
-    membership = api_membership(request)
-    if not membership.has_role(role):
-        raise HttpError(403, f"This needs the {Role(role).label.lower()} role")
-    return membership
-
-
 def _domain(request: HttpRequest, domain_id: int, role: str = Role.ANNOTATOR) -> Domain:
     try:
         domain = selectors.domain_get(pk=domain_id)
@@ -57,7 +50,7 @@ def _domain(request: HttpRequest, domain_id: int, role: str = Role.ANNOTATOR) ->
     # answer does not reveal that it exists).
     if domain.team_id != api_membership(request).team_id:
         raise HttpError(404, "No such domain")
-    _member(request, role)
+    api_member(request, role)
     return domain
 
 
@@ -71,7 +64,7 @@ def _versioned(
     # Another team's object does not exist for this token.
     if obj.team_id != api_membership(request).team_id:
         raise HttpError(404, f"No such {kind.label}")
-    _member(request, role)
+    api_member(request, role)
     return obj
 
 
@@ -105,7 +98,7 @@ def _update_meta(
 
 
 def _list_with_versions(request: HttpRequest, kind: services.VersionedKind, query: str) -> Any:
-    objects = selectors.versioned_list(kind=kind, team=_member(request).team, query=query)
+    objects = selectors.versioned_list(kind=kind, team=api_member(request).team, query=query)
     return [_with_versions(obj) for obj in objects.prefetch_related("versions")]
 
 
@@ -113,7 +106,7 @@ def _create(
     request: HttpRequest, kind: services.VersionedKind, *, meta: Any, values: dict[str, Any]
 ) -> Any:
     """A new object of the kind with `values` as its draft version 1."""
-    membership = _member(request, Role.RESEARCHER)
+    membership = api_member(request, Role.RESEARCHER)
     try:
         obj = services.versioned_create(
             kind=kind,
@@ -455,7 +448,7 @@ def _spec_source(payload: SpecIn) -> tuple[str, str]:
 @router.get("/domains", response=answers({200: list[DomainOut]}), summary="The team's domains")
 @paginate(Pagination)
 def domain_list(request: HttpRequest, q: str = SEARCH) -> Any:
-    return selectors.domain_list(team=_member(request).team, query=q)
+    return selectors.domain_list(team=api_member(request).team, query=q)
 
 
 @router.get("/domains/{domain_id}", response=answers({200: DomainOut}))
@@ -465,7 +458,7 @@ def domain_get(request: HttpRequest, domain_id: int) -> Any:
 
 @router.post("/domains", response=answers({201: DomainOut, 422: ErrorOut}))
 def domain_create(request: HttpRequest, payload: DomainIn) -> Any:
-    membership = _member(request, Role.RESEARCHER)
+    membership = api_member(request, Role.RESEARCHER)
     try:
         domain = services.domain_create(
             actor=request.user,
@@ -656,7 +649,7 @@ def rubric_get(request: HttpRequest, rubric_id: int) -> Any:
     "/rubrics", response=answers({201: RubricOut, 422: ErrorOut}), summary="Create (draft v1)"
 )
 def rubric_create(request: HttpRequest, payload: RubricIn) -> Any:
-    _member(request, Role.RESEARCHER)  # the role is checked before the input, as everywhere
+    api_member(request, Role.RESEARCHER)  # the role is checked before the input, as everywhere
     try:
         source, source_format = _spec_source(payload)
     except _Invalid as error:

@@ -16,21 +16,14 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
 
-from console.accounts.models import Membership, Role
-from console.api import ErrorOut, Pagination, answers, api_membership
+from console.accounts.models import Role
+from console.api import ErrorOut, Pagination, answers, api_member, api_membership
 from console.registry.jsonvalues import json_value_problem
 from console.runs import selectors, services
 from console.runs.launch import LaunchError, launch_document_json_schema
 from console.runs.models import CommandKind, Run
 
 router = Router(tags=["runs"])
-
-
-def _member(request: HttpRequest, role: str = Role.ANNOTATOR) -> Membership:
-    membership = api_membership(request)
-    if not membership.has_role(role):
-        raise HttpError(403, f"This needs the {Role(role).label.lower()} role")
-    return membership
 
 
 def _run(request: HttpRequest, run_id: int, role: str = Role.ANNOTATOR) -> Run:
@@ -40,7 +33,7 @@ def _run(request: HttpRequest, run_id: int, role: str = Role.ANNOTATOR) -> Run:
         raise HttpError(404, "No such run") from None
     if run.team_id != api_membership(request).team_id:
         raise HttpError(404, "No such run")
-    _member(request, role)
+    api_member(request, role)
     return run
 
 
@@ -255,12 +248,12 @@ class LogOut(Schema):
 @router.get("/runs", response=answers({200: list[RunOut]}), summary="The team's runs")
 @paginate(Pagination)
 def run_list(request: HttpRequest, state: str = Query("", max_length=16)) -> Any:
-    return [_run_out(run) for run in selectors.run_list(team=_member(request).team, state=state)]
+    return [_run_out(run) for run in selectors.run_list(team=api_member(request).team, state=state)]
 
 
 @router.post("/runs", response=answers({201: RunDetailOut}), summary="Launch a run")
 def run_launch(request: HttpRequest, payload: LaunchIn) -> Any:
-    membership = _member(request, Role.RESEARCHER)
+    membership = api_member(request, Role.RESEARCHER)
     problem = json_value_problem(payload.spec)
     if problem:
         return 422, {"detail": "invalid run spec", "errors": {"spec": [problem]}}
@@ -447,7 +440,7 @@ def checkpoint_promote(request: HttpRequest, checkpoint_id: int, payload: Promot
         raise HttpError(404, "No such checkpoint") from None
     if checkpoint.run.team_id != api_membership(request).team_id:
         raise HttpError(404, "No such checkpoint")
-    _member(request, Role.RESEARCHER)
+    api_member(request, Role.RESEARCHER)
     try:
         version = services.checkpoint_promote(
             actor=request.user, checkpoint=checkpoint, slug=payload.slug, title=payload.title
@@ -480,14 +473,14 @@ def model_list(request: HttpRequest) -> Any:
             "description": m.description,
             "versions": [_version_out(v) for v in m.versions.all()],
         }
-        for m in selectors.model_list(team=_member(request).team)
+        for m in selectors.model_list(team=api_member(request).team)
     ]
 
 
 @router.get("/hosts", response=answers({200: list[HostOut]}), summary="Hosts and their state")
 @paginate(Pagination)
 def host_list(request: HttpRequest) -> Any:
-    _member(request)
+    api_member(request)
     return [
         {
             "name": h.name,
