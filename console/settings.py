@@ -187,6 +187,9 @@ TRUSTED_REWARD_FUNCTIONS = env_list("TRUSTED_REWARD_FUNCTIONS", [])
 # "Try it on a sample" scores in a child process (console.registry.scoring) with these limits.
 TRY_SAMPLE_TIMEOUT_S = env_int("TRY_SAMPLE_TIMEOUT_S", 60, minimum=1)
 TRY_SAMPLE_MEMORY_BYTES = env_int("TRY_SAMPLE_MEMORY_BYTES", 4 * 1024**3, minimum=256 * 1024**2)
+# `/metrics` (Prometheus text format) answers only a scraper that sends this bearer token;
+# unset, the page does not exist.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # The most rows one API list answer holds (?limit= above it is a 422).
 API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 500, minimum=1)
 

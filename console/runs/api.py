@@ -11,7 +11,7 @@ import datetime as dt
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest
+from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
@@ -19,7 +19,7 @@ from ninja.pagination import paginate
 from console.accounts.models import Role
 from console.api import ErrorOut, Pagination, answers, api_member, api_membership
 from console.registry.jsonvalues import json_value_problem
-from console.runs import selectors, services
+from console.runs import exports, selectors, services
 from console.runs.launch import LaunchError, launch_document_json_schema
 from console.runs.models import CommandKind, Run
 
@@ -388,6 +388,56 @@ def run_trajectories(
         ],
         "next_cursor": f"{rows[-1].step}.{rows[-1].index}" if more and rows else None,
     }
+
+
+def _streamed(description: str, media_type: str) -> dict[str, Any]:
+    """The OpenAPI answer of a streamed file (ninja's `response=` describes JSON only)."""
+    return {
+        "responses": {
+            "200": {
+                "description": description,
+                "content": {media_type: {"schema": {"type": "string"}}},
+            }
+        }
+    }
+
+
+@router.get(
+    "/runs/{run_id}/trajectories.jsonl",
+    response=answers({}),
+    summary="Export the run's trajectories (filters as for the list), one JSON object a line",
+    openapi_extra=_streamed("the trajectories, streamed", "application/x-ndjson"),
+)
+def run_trajectories_export(
+    request: HttpRequest,
+    run_id: int,
+    step: int | None = Query(None, ge=0, le=2**31),
+    domain: str = Query("", max_length=64),
+    min_reward: float | None = Query(None, allow_inf_nan=False),
+    max_reward: float | None = Query(None, allow_inf_nan=False),
+) -> Any:
+    run = _run(request, run_id)
+    response = StreamingHttpResponse(
+        exports.trajectories_jsonl(
+            run, step=step, domain=domain, min_reward=min_reward, max_reward=max_reward
+        ),
+        content_type="application/x-ndjson",
+    )
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trajectories.jsonl"'
+    return response
+
+
+@router.get(
+    "/runs/{run_id}/metrics.csv",
+    response=answers({}),
+    summary="Export the run's metrics, one row per step and one column per metric",
+    openapi_extra=_streamed("the metrics, streamed", "text/csv"),
+)
+def run_metrics_export(request: HttpRequest, run_id: int) -> Any:
+    run = _run(request, run_id)
+    response = StreamingHttpResponse(exports.metrics_csv(run), content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
+    return response
 
 
 @router.get("/runs/{run_id}/events", response=answers({200: list[EventOut]}))

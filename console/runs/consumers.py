@@ -27,6 +27,7 @@ from channels.db import database_sync_to_async
 from console.broadcast import CLOSE_INVALID_PAYLOAD, TeamGroupConsumer
 from console.runs import live, services
 from console.runs.models import Run
+from console.status.metrics import websocket_clients
 
 RESUME_WAIT_S = 5.0
 
@@ -62,6 +63,8 @@ class RunLiveConsumer(TeamGroupConsumer):
         await super().connect()
         if not getattr(self, "groups_joined", None):
             return  # refused
+        self.counted = True
+        websocket_clients["runs"] += 1
         query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
         if query.get("resume"):
             self.waiting_for_resume = asyncio.create_task(self._snapshot_unless_resumed())
@@ -69,6 +72,9 @@ class RunLiveConsumer(TeamGroupConsumer):
             await self._send_snapshot()
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "counted", False):
+            self.counted = False
+            websocket_clients["runs"] -= 1
         for task in (self.reader, self.waiting_for_resume):
             if task is not None and not task.done():
                 task.cancel()

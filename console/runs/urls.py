@@ -15,6 +15,18 @@ urlpatterns = [
         views.checkpoint_promote,
         name="checkpoint_promote",
     ),
+    path(
+        "runs/<int:pk>/trajectories.jsonl",
+        views.run_export,
+        {"what": "trajectories"},
+        name="run_export_trajectories",
+    ),
+    path(
+        "runs/<int:pk>/metrics.csv",
+        views.run_export,
+        {"what": "metrics"},
+        name="run_export_metrics",
+    ),
     path("models/", views.model_list, name="model_list"),
     path("models/<int:pk>/versions/<int:number>/", views.model_version, name="model_version"),
     path("hosts/", views.host_list, name="host_list"),

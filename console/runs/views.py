@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -22,7 +22,7 @@ from console.accounts.access import require_active_membership, require_team_role
 from console.accounts.models import Membership, Role
 from console.registry import selectors as registry_selectors
 from console.registry.models import Domain
-from console.runs import forms, selectors, services
+from console.runs import exports, forms, selectors, services
 from console.runs.launch import LaunchError, default_document, merge
 from console.runs.models import Checkpoint, CommandKind, ModelVersion, Run, RunState
 from training.metrics import MAIN_METRICS
@@ -338,3 +338,20 @@ def host_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
     context = {"hosts": selectors.host_list_with_live_attempts(), "team_id": membership.team_id}
     return render(request, "runs/host_list.html", context)
+
+
+@login_required
+@require_GET
+def run_export(request: HttpRequest, pk: int, what: str) -> StreamingHttpResponse:
+    """The run's trajectories (JSONL) or metrics (CSV), streamed, for any member."""
+    run, _ = _run_for(request, pk)
+    if what == "trajectories":
+        response = StreamingHttpResponse(
+            exports.trajectories_jsonl(run), content_type="application/x-ndjson"
+        )
+        name = f"run-{run.pk}-trajectories.jsonl"
+    else:
+        response = StreamingHttpResponse(exports.metrics_csv(run), content_type="text/csv")
+        name = f"run-{run.pk}-metrics.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response

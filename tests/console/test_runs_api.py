@@ -74,6 +74,8 @@ READS = [
     "/api/runs/{id}/events",
     "/api/runs/{id}/checkpoints",
     "/api/runs/{id}/logs",
+    "/api/runs/{id}/trajectories.jsonl",
+    "/api/runs/{id}/metrics.csv",
 ]
 
 
@@ -289,3 +291,18 @@ def test_the_domains_registered_sandbox_image_is_pinned_into_the_run(
     assert domain["sandbox_image"] == "py-tools@1"
     assert domain["sandbox"]["memory_mb"] == 384 and domain["sandbox"]["timeout_s"] == 7
     assert domain["sandbox"]["image"]["setup"] == "echo ok > /image/ok"
+
+
+def test_exports_stream_the_filtered_trajectories_and_every_metric(run, api_client_as):
+    api = api_client_as("owner")
+    response = api.get(f"/api/runs/{run.pk}/trajectories.jsonl?min_reward=0.5")
+    assert response["Content-Type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in b"".join(response.streaming_content).splitlines()]
+    assert [(line["step"], line["index"], line["reward"]["total"]) for line in lines] == [
+        (1, 1, 1.0)
+    ]
+    assert lines[0]["attempt"] == 1 and lines[0]["reward"]["breakdown"] == {"answer": 1.0}
+    everything = b"".join(api.get(f"/api/runs/{run.pk}/trajectories.jsonl").streaming_content)
+    assert len(everything.splitlines()) == 2
+    csv_text = b"".join(api.get(f"/api/runs/{run.pk}/metrics.csv").streaming_content).decode()
+    assert csv_text.splitlines() == ["step,reward/mean", "1,0.5"]

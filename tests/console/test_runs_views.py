@@ -134,6 +134,8 @@ OBJECT_PAGES: dict[str, Callable[[Lab], str]] = {
     "run_detail": lambda lab: reverse("runs:run_detail", args=[lab.run.pk]),
     "run_detail_live": lambda lab: reverse("runs:run_detail", args=[lab.run.pk]) + "?part=live",
     "model_version": lambda lab: reverse("runs:model_version", args=[lab.model.model_id, 1]),
+    "export_trajectories": lambda lab: reverse("runs:run_export_trajectories", args=[lab.run.pk]),
+    "export_metrics": lambda lab: reverse("runs:run_export_metrics", args=[lab.run.pk]),
 }
 
 
