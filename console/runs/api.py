@@ -428,6 +428,31 @@ def run_trajectories_export(
 
 
 @router.get(
+    "/runs/{run_id}/trajectories.parquet",
+    response=answers({}),
+    summary="Export the run's trajectories (filters as for the list) as a Parquet file",
+    openapi_extra=_streamed("the trajectories, streamed", "application/vnd.apache.parquet"),
+)
+def run_trajectories_parquet(
+    request: HttpRequest,
+    run_id: int,
+    step: int | None = Query(None, ge=0, le=2**31),
+    domain: str = Query("", max_length=64),
+    min_reward: float | None = Query(None, allow_inf_nan=False),
+    max_reward: float | None = Query(None, allow_inf_nan=False),
+) -> Any:
+    run = _run(request, run_id)
+    response = StreamingHttpResponse(
+        exports.trajectories_parquet(
+            run, step=step, domain=domain, min_reward=min_reward, max_reward=max_reward
+        ),
+        content_type="application/vnd.apache.parquet",
+    )
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trajectories.parquet"'
+    return response
+
+
+@router.get(
     "/runs/{run_id}/metrics.csv",
     response=answers({}),
     summary="Export the run's metrics, one row per step and one column per metric",

@@ -22,10 +22,27 @@ urlpatterns = [
         name="run_export_trajectories",
     ),
     path(
+        "runs/<int:pk>/trajectories.parquet",
+        views.run_export,
+        {"what": "parquet"},
+        name="run_export_parquet",
+    ),
+    path(
         "runs/<int:pk>/metrics.csv",
         views.run_export,
         {"what": "metrics"},
         name="run_export_metrics",
+    ),
+    path("runs/<int:pk>/trajectories/", views.trajectory_list, name="trajectory_list"),
+    path(
+        "runs/<int:pk>/trajectories/<int:step>/<int:index>/",
+        views.trajectory_detail,
+        name="trajectory_detail",
+    ),
+    path(
+        "runs/<int:pk>/steps/<int:step>/groups/<int:group>/",
+        views.trajectory_group,
+        name="trajectory_group",
     ),
     path("models/", views.model_list, name="model_list"),
     path("models/<int:pk>/versions/<int:number>/", views.model_version, name="model_version"),

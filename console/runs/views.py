@@ -22,9 +22,16 @@ from console.accounts.access import require_active_membership, require_team_role
 from console.accounts.models import Membership, Role
 from console.registry import selectors as registry_selectors
 from console.registry.models import Domain
-from console.runs import exports, forms, selectors, services
+from console.runs import explorer, exports, forms, selectors, services
 from console.runs.launch import LaunchError, default_document, merge
-from console.runs.models import Checkpoint, CommandKind, ModelVersion, Run, RunState
+from console.runs.models import (
+    Checkpoint,
+    CommandKind,
+    ModelVersion,
+    Run,
+    RunState,
+    TrajectoryRecord,
+)
 from training.metrics import MAIN_METRICS
 
 # The columns of the run page's metrics table (those a run has), then its evaluation columns.
@@ -343,15 +350,76 @@ def host_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def run_export(request: HttpRequest, pk: int, what: str) -> StreamingHttpResponse:
-    """The run's trajectories (JSONL) or metrics (CSV), streamed, for any member."""
+    """The run's trajectories (JSONL or Parquet) or metrics (CSV), streamed, for any member."""
     run, _ = _run_for(request, pk)
     if what == "trajectories":
         response = StreamingHttpResponse(
             exports.trajectories_jsonl(run), content_type="application/x-ndjson"
         )
         name = f"run-{run.pk}-trajectories.jsonl"
+    elif what == "parquet":
+        response = StreamingHttpResponse(
+            exports.trajectories_parquet(run), content_type="application/vnd.apache.parquet"
+        )
+        name = f"run-{run.pk}-trajectories.parquet"
     else:
         response = StreamingHttpResponse(exports.metrics_csv(run), content_type="text/csv")
         name = f"run-{run.pk}-metrics.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
+
+
+# --- the trajectory explorer ----------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def trajectory_list(request: HttpRequest, pk: int) -> HttpResponse:
+    """A run's trajectories, newest steps first, filtered, paged by a (step, index) cursor;
+    htmx swaps the table when the filters change."""
+    run, _ = _run_for(request, pk)
+    filters = explorer.Filters.from_query(request.GET)
+    after = explorer.parse_cursor(request.GET.get("after"))
+    context = {
+        "run": run,
+        "filters": filters,
+        "page": explorer.trajectory_page(run, filters, after=after),
+        "domains": explorer.run_domains(run),
+        "finish_reasons": explorer.FINISH_REASONS,
+        "page_size": explorer.PAGE_SIZE,
+        "completion_chars": explorer.COMPLETION_CHARS,
+    }
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "runs/trajectories.html#table", context)
+    return render(request, "runs/trajectories.html", context)
+
+
+@login_required
+@require_GET
+def trajectory_group(request: HttpRequest, pk: int, step: int, group: int) -> HttpResponse:
+    """One GRPO group side by side, with the advantages recomputed from its rewards."""
+    run, _ = _run_for(request, pk)
+    found = explorer.group_view(run, step, group)
+    if found is None:
+        raise Http404("No such group")
+    context = {"run": run, "group": found, "epsilon": explorer.ADVANTAGE_EPSILON}
+    return render(request, "runs/trajectory_group.html", context)
+
+
+@login_required
+@require_GET
+def trajectory_detail(request: HttpRequest, pk: int, step: int, index: int) -> HttpResponse:
+    """One sample: the chat, the sandbox observations, the reward breakdown, provenance, and
+    the same task's other samples of the run."""
+    run, _ = _run_for(request, pk)
+    try:
+        record = explorer.sample_get(run, step, index)
+    except TrajectoryRecord.DoesNotExist:
+        raise Http404("No such trajectory") from None
+    context = {
+        "run": run,
+        "record": record,
+        **explorer.sample_view(run, record),
+        "same_task": explorer.same_task(run, record),
+    }
+    return render(request, "runs/trajectory_detail.html", context)

@@ -76,6 +76,7 @@ READS = [
     "/api/runs/{id}/logs",
     "/api/runs/{id}/trajectories.jsonl",
     "/api/runs/{id}/metrics.csv",
+    "/api/runs/{id}/trajectories.parquet",
 ]
 
 
@@ -306,3 +307,21 @@ def test_exports_stream_the_filtered_trajectories_and_every_metric(run, api_clie
     assert len(everything.splitlines()) == 2
     csv_text = b"".join(api.get(f"/api/runs/{run.pk}/metrics.csv").streaming_content).decode()
     assert csv_text.splitlines() == ["step,reward/mean", "1,0.5"]
+
+
+def test_the_parquet_export_holds_the_same_rows_as_the_jsonl(run, api_client_as, tmp_path):
+    import pyarrow.parquet as pq
+
+    api = api_client_as("owner")
+    response = api.get(f"/api/runs/{run.pk}/trajectories.parquet?domain=parity")
+    assert response["Content-Type"] == "application/vnd.apache.parquet"
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"".join(response.streaming_content))
+    table = pq.read_table(path).to_pylist()
+    assert [(row["step"], row["index"], row["reward"]) for row in table] == [
+        (1, 0, 0.0),
+        (1, 1, 1.0),
+    ]
+    assert json.loads(table[1]["reward_breakdown"]) == {"answer": 1.0}
+    assert json.loads(table[1]["trajectory"])["completion"] == "\\boxed{even}"
+    assert table[0]["rubric_version"] == 3 and table[0]["attempt"] == 1

@@ -136,6 +136,7 @@ OBJECT_PAGES: dict[str, Callable[[Lab], str]] = {
     "model_version": lambda lab: reverse("runs:model_version", args=[lab.model.model_id, 1]),
     "export_trajectories": lambda lab: reverse("runs:run_export_trajectories", args=[lab.run.pk]),
     "export_metrics": lambda lab: reverse("runs:run_export_metrics", args=[lab.run.pk]),
+    "export_parquet": lambda lab: reverse("runs:run_export_parquet", args=[lab.run.pk]),
 }
 
 
