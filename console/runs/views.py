@@ -380,10 +380,13 @@ def trajectory_list(request: HttpRequest, pk: int) -> HttpResponse:
     run, _ = _run_for(request, pk)
     filters = explorer.Filters.from_query(request.GET)
     after = explorer.parse_cursor(request.GET.get("after"))
+    page = explorer.trajectory_page(run, filters, after=after)
     context = {
         "run": run,
         "filters": filters,
-        "page": explorer.trajectory_page(run, filters, after=after),
+        "page": page,
+        "first_query": filters.query(),
+        "next_query": filters.query(after=page.next_cursor) if page.next_cursor else "",
         "domains": explorer.run_domains(run),
         "finish_reasons": explorer.FINISH_REASONS,
         "page_size": explorer.PAGE_SIZE,
