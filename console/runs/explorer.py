@@ -401,7 +401,7 @@ def sample_view(run: Run, record: TrajectoryRecord) -> dict[str, Any]:
     provenance = data.get("provenance") or {}
     observations = [o for o in data.get("observations") or [] if isinstance(o, dict)]
     return {
-        "messages": chat(data),
+        "chat_messages": chat(data),  # not "messages": the base template shows those
         "completion": str(data.get("completion", "")),
         "observations": observations,
         "criteria": [

@@ -340,6 +340,7 @@ def test_the_sample_page_shows_chat_observations_breakdown_and_provenance(
     url = reverse("runs:trajectory_detail", args=[run.pk, 5, 0])
     text = owner_client.get(url).content.decode()
     assert "tool call" in text and "python" in text and "tool result for call_1" in text
+    assert "{&#x27;role&#x27;" not in text  # the chat is not shown as flash messages
     assert "&quot;code&quot;: &quot;print(2+2)&quot;" in text  # arguments pretty-printed
     assert "four" in text and "warn: slow" in text and "0.250 s" in text
     assert "<td>format</td>" in text and "&quot;expected&quot;: &quot;4&quot;" in text
