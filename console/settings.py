@@ -104,7 +104,10 @@ def _channel_layer_address(url: str) -> str:
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [{"address": _channel_layer_address(REDIS_URL)}]},
+        # A page's channel holds up to 1,000 waiting messages (the default 100 filled up with
+        # 50 pages open on a run at 100 doorbells a second); past it, doorbells are dropped,
+        # which the live stream survives (the next one reads everything since the cursors).
+        "CONFIG": {"hosts": [{"address": _channel_layer_address(REDIS_URL)}], "capacity": 1000},
     }
 }
 

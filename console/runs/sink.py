@@ -219,7 +219,9 @@ class ConsoleSink:
                     "policy_version": int(info.get("policy_version", 0)),
                 },
             )
-            services.notify(self.run, "run.checkpoint", {"step": int(info.get("step", 0))})
+            services.notify(
+                self.run, "run.checkpoint", {"step": int(info.get("step", 0))}, wait=False
+            )
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         data = _finite(json.loads(_json(data)))
@@ -241,7 +243,14 @@ class ConsoleSink:
                     dropped_trajectories=F("dropped_trajectories") + int(data.get("dropped", 1))
                 )
             services.record_event(self.run, kind, data, attempt=self.attempt)
-            services.notify(self.run, "run.event", {"kind": kind, "step": data.get("step")})
+            # The run's page only; the lists hear of state changes (services' run.state).
+            services.notify(
+                self.run,
+                "run.event",
+                {"kind": kind, "step": data.get("step")},
+                to_lists=False,
+                wait=False,
+            )
 
 
 class ConsoleControl:

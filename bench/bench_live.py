@@ -1,0 +1,229 @@
+"""Publish-to-browser latency of a run's live stream, against a Redis pub/sub round trip
+measured in the same run.
+
+    .venv/bin/python bench/bench_live.py [--clients 50] [--rate 1000] [--seconds 10]
+
+A real ASGI server (uvicorn) serves `/ws/runs/<id>/`; `--clients` websocket clients log in
+and watch one run; a writer stores events through `ConsoleSink.event` at `--rate` events per
+second (`--per-commit` per transaction: one doorbell each) with each event's commit time.
+Each client records when each event id reaches it in a delta; latency = arrival - commit.
+Every event must reach every client (no notice lost). Baseline: `PUBLISH` to one subscriber
+on the same Redis, the same number of messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--per-commit", type=int, default=10, help="events per transaction")
+    args = parser.parse_args()
+    from console.devservers import PrivateServices
+
+    work = Path(tempfile.mkdtemp(prefix="bench-live-", dir=ROOT / "var"))
+    services = PrivateServices(work / "servers", persistent=False)
+    env = services.start(dict(os.environ))
+    env.pop("CONSOLE_VAR_DIR", None)
+    os.environ.update(env)
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+             "--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off",
+             "--no-access-log", "--log-level", "warning"],
+            cwd=ROOT, env={**env, "DEBUG": "1"},
+        )  # fmt: skip
+        time.sleep(3)
+        return asyncio.run(_bench(port, args.clients, args.rate, args.seconds, args.per_commit))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(20)
+        services.stop()
+
+
+def _setup() -> tuple[Any, str]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.utils import timezone
+
+    from console.accounts.models import Membership, Role, Team
+    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
+
+    user = get_user_model().objects.create_user(username="watcher")  # logs in by session
+    team = Team.objects.create(slug="bench", name="Bench")
+    Membership.objects.create(user=user, team=team, role=Role.RESEARCHER)
+    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
+    version = ModelVersion.objects.create(
+        model=model, number=1, path="/m", status="published", created_by=user,
+        published_at=timezone.now(), published_by=user,
+    )  # fmt: skip
+    run = Run.objects.create(team=team, created_by=user, name="live", request={}, spec={},
+                             pins={}, model_version=version, state="running")  # fmt: skip
+    attempt = Attempt.objects.create(
+        run=run, number=1, host=Host.objects.create(name="h"), state="running"
+    )
+    client = Client()
+    client.force_login(user)
+    from django.conf import settings
+
+    return attempt, client.cookies[settings.SESSION_COOKIE_NAME].value
+
+
+async def _bench(port: int, clients: int, rate: int, seconds: float, per_commit: int) -> int:
+    import websockets
+    from asgiref.sync import sync_to_async
+    from django.conf import settings
+
+    from console.broadcast import flush_soon
+    from console.runs.sink import ConsoleSink
+
+    attempt, session = await sync_to_async(_setup)()
+    url = f"ws://127.0.0.1:{port}/ws/runs/{attempt.run_id}/"
+    headers = {
+        "Cookie": f"{settings.SESSION_COOKIE_NAME}={session}",
+        "Origin": f"http://127.0.0.1:{port}",
+    }
+    committed: dict[int, float] = {}
+    arrivals: list[dict[int, float]] = [{} for _ in range(clients)]
+
+    async def watch(index: int, ready: asyncio.Event, done: asyncio.Event) -> None:
+        async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
+            await ws.recv()  # the snapshot
+            ready.set()
+            while not done.is_set():
+                try:
+                    message = json.loads(await asyncio.wait_for(ws.recv(), timeout=1.0))
+                except TimeoutError:
+                    continue
+                now = time.time()
+                for event in message.get("events", []):
+                    arrivals[index].setdefault(event["id"], now)
+
+    def write(stop_at: float) -> None:
+        from django.db import close_old_connections, transaction
+
+        from console.runs.models import RunEvent
+
+        sink = ConsoleSink(attempt)
+        interval = per_commit / rate
+        next_at = time.time()
+        while time.time() < stop_at:
+            with transaction.atomic():
+                for _ in range(per_commit):
+                    # Through the sink's own path: the row, then the doorbell after commit.
+                    sink.event("bench.tick", {"reason": "tick"})
+                ids = list(
+                    RunEvent.objects.filter(run_id=attempt.run_id, kind="bench.tick")
+                    .order_by("-id")
+                    .values_list("id", flat=True)[:per_commit]
+                )
+            now = time.time()
+            for event_id in ids:
+                committed[event_id] = now
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.time()))
+        flush_soon()
+        close_old_connections()
+
+    readies = [asyncio.Event() for _ in range(clients)]
+    done = asyncio.Event()
+    watchers = [asyncio.create_task(watch(i, readies[i], done)) for i in range(clients)]
+    await asyncio.gather(*(r.wait() for r in readies))
+    started = time.time()
+    await asyncio.to_thread(write, started + seconds)
+    written_s = time.time() - started
+    await asyncio.sleep(5)  # the tail
+    done.set()
+    await asyncio.gather(*watchers, return_exceptions=True)
+
+    latencies = sorted(
+        (arrived[event_id] - committed[event_id]) * 1000
+        for arrived in arrivals
+        for event_id in committed
+        if event_id in arrived
+    )
+    expected = len(committed) * clients
+    lost = expected - len(latencies)
+    baseline = await asyncio.to_thread(_redis_round_trip, len(committed))
+
+    def pct(values: list[float], q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+    print(f"{clients} clients, {len(committed)} events in {written_s:.1f} s "
+          f"({len(committed) / written_s:.0f} events/s, {per_commit} per commit)")  # fmt: skip
+    print(f"  publish-to-browser  p50 {pct(latencies, 0.5):7.1f} ms   "
+          f"p99 {pct(latencies, 0.99):7.1f} ms   (aim p99 <= 250 ms)")  # fmt: skip
+    print(f"  lost: {lost} of {expected} deliveries")
+    print(f"  Redis PUBLISH round trip  p50 {pct(baseline, 0.5):7.2f} ms   "
+          f"p99 {pct(baseline, 0.99):7.2f} ms")  # fmt: skip
+    print(f"  p99 ratio: {pct(latencies, 0.99) / pct(baseline, 0.99):.0f}x the Redis round trip")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    return 0 if lost == 0 else 1
+
+
+def _redis_round_trip(count: int) -> list[float]:
+    import redis
+    from django.conf import settings
+
+    url = settings.REDIS_URL
+    if url.startswith("redis+socket://"):
+        connection = redis.Redis(unix_socket_path=url.removeprefix("redis+socket://"))
+    else:
+        connection = redis.Redis.from_url(url)
+    received: dict[int, float] = {}
+    pubsub = connection.pubsub()
+    pubsub.subscribe("bench-live")
+    pubsub.get_message(timeout=1.0)
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            message = pubsub.get_message(timeout=0.1)
+            if message and message["type"] == "message":
+                received[int(message["data"])] = time.time()
+
+    thread = threading.Thread(target=listen)
+    thread.start()
+    sent: dict[int, float] = {}
+    for i in range(count):
+        sent[i] = time.time()
+        connection.publish("bench-live", str(i))
+        time.sleep(0.001)
+    time.sleep(1.0)
+    stop.set()
+    thread.join()
+    return sorted((received[i] - sent[i]) * 1000 for i in sent if i in received)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
