@@ -402,6 +402,12 @@ def _streamed(description: str, media_type: str) -> dict[str, Any]:
     }
 
 
+def _download(chunks: Any, content_type: str, filename: str) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
 @router.get(
     "/runs/{run_id}/trajectories.jsonl",
     response=answers({}),
@@ -417,14 +423,10 @@ def run_trajectories_export(
     max_reward: float | None = Query(None, allow_inf_nan=False),
 ) -> Any:
     run = _run(request, run_id)
-    response = StreamingHttpResponse(
-        exports.trajectories_jsonl(
-            run, step=step, domain=domain, min_reward=min_reward, max_reward=max_reward
-        ),
-        content_type="application/x-ndjson",
+    rows = exports.trajectories_jsonl(
+        run, step=step, domain=domain, min_reward=min_reward, max_reward=max_reward
     )
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trajectories.jsonl"'
-    return response
+    return _download(rows, "application/x-ndjson", f"run-{run.pk}-trajectories.jsonl")
 
 
 @router.get(
@@ -442,14 +444,10 @@ def run_trajectories_parquet(
     max_reward: float | None = Query(None, allow_inf_nan=False),
 ) -> Any:
     run = _run(request, run_id)
-    response = StreamingHttpResponse(
-        exports.trajectories_parquet(
-            run, step=step, domain=domain, min_reward=min_reward, max_reward=max_reward
-        ),
-        content_type="application/vnd.apache.parquet",
+    rows = exports.trajectories_parquet(
+        run, step=step, domain=domain, min_reward=min_reward, max_reward=max_reward
     )
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trajectories.parquet"'
-    return response
+    return _download(rows, "application/vnd.apache.parquet", f"run-{run.pk}-trajectories.parquet")
 
 
 @router.get(
@@ -460,9 +458,7 @@ def run_trajectories_parquet(
 )
 def run_metrics_export(request: HttpRequest, run_id: int) -> Any:
     run = _run(request, run_id)
-    response = StreamingHttpResponse(exports.metrics_csv(run), content_type="text/csv")
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
-    return response
+    return _download(exports.metrics_csv(run), "text/csv", f"run-{run.pk}-metrics.csv")
 
 
 @router.get("/runs/{run_id}/events", response=answers({200: list[EventOut]}))
