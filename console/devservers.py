@@ -423,12 +423,17 @@ def demo(*, var_dir: Path | None = None, port: int | None = None) -> int:
     services = PrivateServices(var_dir, persistent=True)
     processes: list[ManagedProcess] = []
     stopping: list[int] = []
+    serving = False
 
     def on_signal(signum: int) -> None:
         if stopping:
             return
         stopping.append(signum)
-        raise Interrupted(signum)
+        # Once serving, the loop below notices the flag: an exception raised from a handler
+        # can land inside Popen.poll() while it holds its waitpid lock, and a later wait()
+        # then blocks forever (seen as a `make demo` that never stopped after Ctrl-C).
+        if not serving:
+            raise Interrupted(signum)
 
     def start(name: str, argv: list[str], env: dict[str, str]) -> None:
         # Own process group: Ctrl-C reaches us alone and we stop the others in order.
@@ -464,17 +469,22 @@ def demo(*, var_dir: Path | None = None, port: int | None = None) -> int:
                 env,
             )  # fmt: skip
             _wait_until_serving(port, processes)
+            serving = True
+            if stopping:
+                raise Interrupted(stopping[0])
             print(
                 f"\n  Console: http://127.0.0.1:{port}/\n"
                 "  Logins are printed above by seed_demo. Ctrl-C stops everything.\n",
                 flush=True,
             )
-            while True:
+            while not stopping:
                 for managed in processes:
                     if managed.process.poll() is not None:
                         log(f"{managed.name} exited with status {managed.process.returncode}")
                         return 1
                 time.sleep(0.5)
+            log("stopping")
+            return 0
     except Interrupted:
         log("stopping")
         return 0
@@ -490,17 +500,35 @@ def demo(*, var_dir: Path | None = None, port: int | None = None) -> int:
             # Celery's warm shutdown is SIGTERM; uvicorn shuts down gracefully on SIGTERM too.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(managed.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for managed in reversed(processes):
-            try:
-                managed.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log(f"{managed.name} did not stop; killing it")
+            began = time.monotonic()
+            if not _reaped(managed.process.pid, deadline - began):
+                log(f"{managed.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it")
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(managed.process.pid, signal.SIGKILL)
-                managed.process.wait()
+                _reaped(managed.process.pid, STOP_TIMEOUT_S)
             log(f"stopped {managed.name} (pid {managed.process.pid})")
         services.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _reaped(pid: int, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for our child `pid` to exit, reaping it with waitpid.
+
+    Not Popen.wait(): that takes Popen's waitpid lock, which an interrupted poll() may have
+    left held."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped (by Popen.poll)
+            return True
+        if done:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _wait_until_serving(port: int, processes: list[ManagedProcess]) -> None:

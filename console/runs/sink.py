@@ -209,7 +209,9 @@ class ConsoleSink:
 
     def checkpoint(self, info: dict[str, Any]) -> None:
         with transaction.atomic():
-            Checkpoint.objects.get_or_create(
+            # A step saved twice (a preemption right after a periodic save) is one checkpoint;
+            # the later reason wins, so a preemption's checkpoint says so.
+            Checkpoint.objects.update_or_create(
                 run=self.run,
                 path=str(info.get("path", "")),
                 step=int(info.get("step", 0)),

@@ -145,3 +145,13 @@ def test_step_timelines_are_kept_per_step_and_redone_steps_replace_theirs(attemp
     assert sorted(timelines.values_list("step", flat=True)) == [1, 2]
     # The page's event list shows what happens now and then, not one row per step.
     assert [e.kind for e in run_events_newest(run=attempt.run)] == ["run.started", "run.preempted"]
+
+
+def test_a_preemption_right_after_a_periodic_save_is_recorded_as_the_preemption(attempt):
+    # Same step, same directory: one checkpoint, labelled by the later save (seen in CI when
+    # the preempt command arrived on a step that had just been checkpointed).
+    sink = ConsoleSink(attempt)
+    sink.checkpoint({"step": 16, "path": "/ckpt/step-16", "reason": "periodic"})
+    sink.checkpoint({"step": 16, "path": "/ckpt/step-16", "reason": "preempt"})
+    saved = Checkpoint.objects.get(run=attempt.run)
+    assert (saved.step, saved.reason) == (16, "preempt")
