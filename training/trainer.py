@@ -28,6 +28,7 @@ import math
 import os
 import socket
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,129 @@ from training.batching import (
     plan_micro_batches,
 )
 
-__all__ = ["Trainer", "build_deepspeed_config", "init_distributed", "is_main_process"]
+__all__ = [
+    "MetricSums",
+    "MiniBatchTotals",
+    "Trainer",
+    "build_deepspeed_config",
+    "init_distributed",
+    "is_main_process",
+]
 
 # Loss-valued metrics are shares of the mini-batch loss (they sum over micro-batches and
 # ranks); every other per-token metric is averaged with the micro-batch's token count.
 _SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf_loss"})
+
+
+@dataclass(frozen=True)
+class MiniBatchTotals:
+    """What every rank must agree on before a mini-batch's first backward pass.
+
+    ``micro_batches`` and ``longest_response`` are maxima over ranks (ZeRO's collectives need
+    the same number of passes on every rank; seq-mean-token-sum-norm divides by one constant
+    for the whole mini-batch), ``response_tokens`` and ``sequences`` are sums (the loss
+    normalisers: each micro-batch's loss is its share of the whole mini-batch's)."""
+
+    micro_batches: int
+    longest_response: float
+    response_tokens: float
+    sequences: float  # a multi-turn episode's turns count their share of one sequence
+
+    @classmethod
+    def of(cls, rows: Sequence[TrainRow], micro_batches: int) -> MiniBatchTotals:
+        """This rank's totals over its ``rows``, planned as ``micro_batches`` passes."""
+        return cls(
+            micro_batches=micro_batches,
+            longest_response=float(
+                max((r.sequence_tokens or len(r.response_ids) for r in rows), default=0)
+            ),
+            response_tokens=float(sum(len(r.response_ids) for r in rows)),
+            sequences=float(sum(r.sequence_share for r in rows if r.response_ids)),
+        )
+
+    def across_ranks(self, world_size: int) -> MiniBatchTotals:
+        """The totals of the whole mini-batch (a collective call when ``world_size`` > 1).
+        Carried in float32 with any world size, so one rank computes what it always did."""
+        most = torch.tensor([float(self.micro_batches), self.longest_response])
+        summed = torch.tensor([self.response_tokens, self.sequences])
+        if world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        return MiniBatchTotals(
+            micro_batches=int(most[0].item()),
+            longest_response=float(most[1].item()),
+            response_tokens=float(summed[0].item()),
+            sequences=float(summed[1].item()),
+        )
+
+    @property
+    def loss_tokens(self) -> float:
+        """The token-mean normaliser (at least 1: a mini-batch of empty responses)."""
+        return max(self.response_tokens, 1.0)
+
+    @property
+    def loss_sequences(self) -> float:
+        """The sequence-mean normaliser (at least 1)."""
+        return max(self.sequences, 1.0)
+
+    def fill_constant_normalizer(self, algorithm: AlgorithmConfig) -> AlgorithmConfig:
+        """``algorithm`` with seq-mean-token-sum-norm's constant set to the mini-batch's longest
+        response when the algorithm names none: one constant for the whole mini-batch, never a
+        micro-batch's own padded width (that would weigh a token by the micro-batch it landed
+        in). A run passes its generation budget instead (RunSpec.algorithm_config)."""
+        if (
+            algorithm.loss_aggregation == "seq-mean-token-sum-norm"
+            and algorithm.constant_normalizer is None
+        ):
+            return algorithm.model_copy(update={"constant_normalizer": self.longest_response})
+        return algorithm
+
+
+@dataclass
+class MetricSums:
+    """A mini-batch's metrics as they accumulate over its micro-batches, then over ranks.
+
+    ``shares``: loss-valued metrics, each micro-batch's its share of the mini-batch's (they
+    sum); ``weighted``: every other per-token metric times the micro-batch's token count (the
+    sum divided by ``tokens`` is the token mean)."""
+
+    shares: dict[str, float] = field(default_factory=dict)
+    weighted: dict[str, float] = field(default_factory=dict)
+    tokens: float = 0.0
+
+    # Every rank adds the whole EWC penalty once (the weights are the same on every rank):
+    # its sum over ranks is divided back by the world size.
+    _RANK_MEANS = frozenset({"ewc/penalty"})
+
+    def add(self, metrics: dict[str, float], *, tokens: float, has_rows: bool) -> None:
+        self.tokens += tokens
+        for key, value in metrics.items():
+            if key in _SHARE_METRICS:
+                self.shares[key] = self.shares.get(key, 0.0) + value
+            elif has_rows:
+                self.weighted[key] = self.weighted.get(key, 0.0) + value * tokens
+
+    def across_ranks(self, world_size: int) -> dict[str, float]:
+        """The mini-batch's metrics: one float64 all-reduce of every sum by name (every rank
+        holds the same names), then shares as summed and the others as token means."""
+        shares, weighted = sorted(self.shares), sorted(self.weighted)
+        packed = torch.tensor(
+            [self.shares[k] for k in shares] + [self.weighted[k] for k in weighted] + [self.tokens],
+            dtype=torch.float64,
+        )
+        if world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        summed = dict(zip([*shares, *weighted], packed.tolist(), strict=False))
+        token_total = max(float(packed[-1].item()), 1.0)
+        result = {
+            key: summed[key] / (world_size if key in self._RANK_MEANS else 1) for key in shares
+        }
+        result.update({key: summed[key] / token_total for key in weighted})
+        return result
 
 
 def _free_port() -> int:
@@ -288,25 +407,15 @@ class Trainer:
     ) -> dict[str, float]:
         """One optimiser step on this rank's ``rows`` (a collective call: every rank calls it,
         with its own rows). ``rows[i].old_logprobs`` unset means on-policy (ratio 1 at the start:
-        the old log-probabilities are the current ones, detached)."""
-        import torch.distributed as dist
+        the old log-probabilities are the current ones, detached).
 
+        Plan the micro-batches, agree with the other ranks on the mini-batch's totals, one
+        backward pass per micro-batch (each loss its share of the mini-batch's), one optimiser
+        step, then the metrics reduced over ranks."""
         self.engine.train()
-        groups = plan_micro_batches([r.length for r in rows], self.micro_batch_tokens)
-        counts = torch.tensor(
-            [
-                float(len(groups)),
-                float(max((r.sequence_tokens or len(r.response_ids) for r in rows), default=0)),
-                float(sum(len(r.response_ids) for r in rows)),
-                float(sum(r.sequence_share for r in rows if r.response_ids)),
-            ]
-        )
-        most = counts[:2].clone()
-        totals = counts[2:].clone()
-        if self.world_size > 1:
-            dist.all_reduce(most, op=dist.ReduceOp.MAX)
-            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        if int(most[0].item()) == 0:
+        plan = plan_micro_batches([r.length for r in rows], self.micro_batch_tokens)
+        totals = MiniBatchTotals.of(rows, len(plan)).across_ranks(self.world_size)
+        if totals.micro_batches == 0:
             # No rank has a row (every group dropped for zero variance, say): stepping anyway
             # would move the weights by Adam's momentum and weight decay with no data behind it.
             return {
@@ -315,111 +424,98 @@ class Trainer:
                 "perf/train_tokens": 0.0,
                 "train/skipped": 1.0,
             }
-        groups = equalize_micro_batch_count(groups, int(most[0].item()))
-        if (
-            algorithm.loss_aggregation == "seq-mean-token-sum-norm"
-            and algorithm.constant_normalizer is None
-        ):
-            # One constant for the whole mini-batch (its longest response), never a
-            # micro-batch's own padded width: that would weigh a token by the micro-batch it
-            # landed in. A run passes its generation budget instead (RunSpec.algorithm_config).
-            algorithm = algorithm.model_copy(update={"constant_normalizer": float(most[1].item())})
-        global_tokens = max(float(totals[0].item()), 1.0)
-        global_sequences = max(float(totals[1].item()), 1.0)
-
-        share_sums: dict[str, float] = {}
-        weighted_sums: dict[str, float] = {}
-        local_tokens = 0.0
-        for micro_index, indices in enumerate(groups):
+        plan = equalize_micro_batch_count(plan, totals.micro_batches)
+        algorithm = totals.fill_constant_normalizer(algorithm)
+        sums = MetricSums()
+        for micro_index, indices in enumerate(plan):
             batch = collate(rows, indices, self.pad_id, self.device)
-            logits, values = self._forward(self.module, batch)
-            logprobs = token_logprobs_from_logits(logits, batch.response_ids)
-            # The entropy bonus needs its gradient; when it is off, detach to save the graph.
-            entropy = entropy_from_logits(logits if algorithm.entropy_coef > 0 else logits.detach())
-            old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-            ref = None
-            if ref_logprobs is not None and not batch.is_empty:
-                ref = torch.zeros_like(logprobs)
-                for i, index in enumerate(indices):
-                    n = len(rows[index].response_ids)
-                    ref[i, :n] = torch.tensor(ref_logprobs[index][:n], dtype=ref.dtype)
-            elif ref_logprobs is not None:
-                ref = logprobs.detach()
-            loss, metrics = actor_loss(
-                algorithm,
-                logprobs=logprobs,
-                old_logprobs=old,
-                advantages=batch.advantages,
-                response_mask=batch.response_mask,
-                ref_logprobs=ref,
-                entropy=entropy,
-                kl_coef=kl_coef,
-                global_tokens=global_tokens,
-                global_sequences=global_sequences,
-                sequence_tokens=batch.sequence_tokens,
+            loss, metrics = self._micro_batch_loss(
+                batch, rows, algorithm, totals, kl_coef=kl_coef, ref_logprobs=ref_logprobs
             )
-            if values is not None:
-                if batch.returns is None or batch.old_values is None:
-                    raise ValueError("a value head needs returns and old values on every row")
-                critic_loss, critic_metrics = value_loss(
-                    values=values,
-                    old_values=batch.old_values,
-                    returns=batch.returns,
-                    response_mask=batch.response_mask,
-                    clip_range=algorithm.value_clip,
-                    aggregation=algorithm.loss_aggregation,
-                    global_tokens=global_tokens,
-                    global_sequences=global_sequences,
-                    constant_normalizer=algorithm.constant_normalizer,
-                    sequence_tokens=batch.sequence_tokens,
-                )
-                loss = loss + algorithm.value_loss_coef * critic_loss
-                metrics.update(critic_metrics)
-            loss = loss * self.world_size
-            if batch.is_empty:
-                loss = loss * 0.0  # keeps this rank in step with the others' collectives
             if self.ewc_penalty is not None and micro_index == 0:
                 penalty = self.ewc_penalty(self.module)
                 loss = loss + penalty
-                share_sums["ewc/penalty"] = float(penalty.detach())
+                sums.shares["ewc/penalty"] = float(penalty.detach())
             self.engine.backward(loss, scale_wrt_gas=False)
-            tokens = float(batch.response_tokens)
-            local_tokens += tokens
-            for key, value in metrics.items():
-                if key in _SHARE_METRICS:
-                    share_sums[key] = share_sums.get(key, 0.0) + value
-                elif not batch.is_empty:
-                    weighted_sums[key] = weighted_sums.get(key, 0.0) + value * tokens
+            sums.add(metrics, tokens=float(batch.response_tokens), has_rows=not batch.is_empty)
+        grad_norm = self._optimizer_step()
+        result = sums.across_ranks(self.world_size)
+        result["actor/grad_norm"] = grad_norm
+        result["actor/lr"] = self.current_lr()
+        result["perf/micro_batches"] = float(len(plan))
+        result["perf/train_tokens"] = totals.loss_tokens
+        result["train/skipped"] = 0.0
+        return result
 
+    def _micro_batch_loss(
+        self,
+        batch: MicroBatch,
+        rows: Sequence[TrainRow],
+        algorithm: AlgorithmConfig,
+        totals: MiniBatchTotals,
+        *,
+        kl_coef: float | None,
+        ref_logprobs: Sequence[Sequence[float]] | None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the mini-batch loss (actor, and critic with a value head),
+        scaled by the world size (DeepSpeed averages gradients over ranks), and its metrics.
+        An empty micro-batch gives a zero loss that still runs the collectives."""
+        logits, values = self._forward(self.module, batch)
+        logprobs = token_logprobs_from_logits(logits, batch.response_ids)
+        # The entropy bonus needs its gradient; when it is off, detach to save the graph.
+        entropy = entropy_from_logits(logits if algorithm.entropy_coef > 0 else logits.detach())
+        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+        ref = None
+        if ref_logprobs is not None and not batch.is_empty:
+            ref = torch.zeros_like(logprobs)
+            for i, index in enumerate(batch.indices):
+                n = len(rows[index].response_ids)
+                ref[i, :n] = torch.tensor(ref_logprobs[index][:n], dtype=ref.dtype)
+        elif ref_logprobs is not None:
+            ref = logprobs.detach()
+        loss, metrics = actor_loss(
+            algorithm,
+            logprobs=logprobs,
+            old_logprobs=old,
+            advantages=batch.advantages,
+            response_mask=batch.response_mask,
+            ref_logprobs=ref,
+            entropy=entropy,
+            kl_coef=kl_coef,
+            global_tokens=totals.loss_tokens,
+            global_sequences=totals.loss_sequences,
+            sequence_tokens=batch.sequence_tokens,
+        )
+        if values is not None:
+            if batch.returns is None or batch.old_values is None:
+                raise ValueError("a value head needs returns and old values on every row")
+            critic_loss, critic_metrics = value_loss(
+                values=values,
+                old_values=batch.old_values,
+                returns=batch.returns,
+                response_mask=batch.response_mask,
+                clip_range=algorithm.value_clip,
+                aggregation=algorithm.loss_aggregation,
+                global_tokens=totals.loss_tokens,
+                global_sequences=totals.loss_sequences,
+                constant_normalizer=algorithm.constant_normalizer,
+                sequence_tokens=batch.sequence_tokens,
+            )
+            loss = loss + algorithm.value_loss_coef * critic_loss
+            metrics.update(critic_metrics)
+        loss = loss * self.world_size
+        if batch.is_empty:
+            loss = loss * 0.0  # keeps this rank in step with the others' collectives
+        return loss, metrics
+
+    def _optimizer_step(self) -> float:
+        """Steps the optimiser; returns the global gradient norm (before clipping)."""
         grad_norm = self._grad_norm_before_step()
         self.engine.step()
         if grad_norm is None:
             reported = self.engine.get_global_grad_norm()
             grad_norm = float(reported) if reported is not None else float("nan")
-
-        keys = sorted(share_sums) + sorted(weighted_sums)
-        values = torch.tensor(
-            [share_sums[k] for k in sorted(share_sums)]
-            + [weighted_sums[k] for k in sorted(weighted_sums)]
-            + [local_tokens],
-            dtype=torch.float64,
-        )
-        if self.world_size > 1:
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        result: dict[str, float] = {}
-        token_total = max(float(values[-1].item()), 1.0)
-        for i, key in enumerate(keys):
-            value = float(values[i].item())
-            if key in share_sums:
-                result[key] = value / (self.world_size if key == "ewc/penalty" else 1)
-            else:
-                result[key] = value / token_total
-        result["actor/grad_norm"] = grad_norm
-        result["actor/lr"] = self.current_lr()
-        result["perf/micro_batches"] = float(len(groups))
-        result["perf/train_tokens"] = float(global_tokens)
-        result["train/skipped"] = 0.0
-        return result
+        return grad_norm
 
     def _grad_norm_before_step(self) -> float | None:
         """ZeRO-1/2/3 report the global norm after ``step``; stage 0 does not, so it is computed
