@@ -1,25 +1,32 @@
 """`run(spec, sink, control)`: the closed loop generate → (tools) → score → update → sync.
 
-One step:
+One step (`_Run.train_step`; the values passed between stages are named in `training.step`):
 
-1. ``control.poll(step)``: cancel, preempt (checkpoint, then return), live overrides (domain
-   weights, KL coefficient, temperature; each change is an event).
-2. **Domain-mixed draw**: ``prompts_per_step`` tasks, each domain in proportion to its weight
-   (`DomainMixSampler`: largest remainder with a carried deficit, so over steps each domain's
-   share converges exactly to its weight even when a step cannot split evenly), each domain's
-   tasks reshuffled every epoch. Prompt groups are sharded round-robin over the ranks.
-3. **Rollout** of ``group_size`` samples per prompt on this rank's rollout engine (tasks with
-   tools run as multi-turn episodes in sandboxes through `training.agent` when tools are on).
-4. **Reward**: the domain's rubric (`rewards.Rubric.from_spec(...).score_batch`).
-5. **Advantages** (`training.algorithms.compute_advantages`, groups never span ranks), KL in
-   the reward if asked, zero-variance groups dropped if the algorithm says so (DAPO).
-6. **Update**: `Trainer.train_step` over token-budget micro-batches (``epochs`` x
-   ``mini_batches`` optimiser steps; the old log-probabilities are recomputed first when a
-   batch is used more than once).
-7. **Weight sync** to the rollout engine (the new policy version), then metrics, trajectories
-   (with reward breakdown and provenance), checkpoints every N steps, held-out evaluation. A
-   policy that has collapsed (one answer per prompt while still mostly wrong: no gradient left)
-   raises a ``run.collapsed`` event, and ``run.collapse_recovered`` if it comes back.
+1. ``control.poll(step)`` (in `run`): cancel, preempt (checkpoint, then return), live
+   overrides (domain weights, KL coefficient, temperature; each change is an event).
+2. **Rollout** (`_Run.rollout_and_score` → `Rollouts`): a domain-mixed draw of
+   ``prompts_per_step`` tasks, each domain in proportion to its weight (`DomainMixSampler`:
+   largest remainder with a carried deficit, so over steps each domain's share converges
+   exactly to its weight even when a step cannot split evenly), each domain's tasks reshuffled
+   every epoch; prompt groups sharded round-robin over the ranks; ``group_size`` samples per
+   prompt on this rank's rollout engine (tasks with tools run as multi-turn episodes in
+   sandboxes through `training.agent` when tools are on); each scored by the domain's rubric
+   (`rewards.Rubric.from_spec(...).score_batch`). DAPO's dynamic sampling repeats the round.
+3. **Recompute** (`_Run.recompute` → `Recomputed`): the forward-only passes the step needs:
+   reference log-probabilities, the policy's own (KL in the reward; the old log-probabilities
+   when a batch is used more than once), value estimates.
+4. **Advantages** (`training.step.compute_step_advantages` → `Advantages`): KL in the reward
+   if asked, the estimator (`training.algorithms.compute_advantages`, groups never span
+   ranks), zero-variance groups dropped if the algorithm says so (DAPO); then
+   `build_update_batch` → `UpdateBatch`, one trainer row per assistant turn.
+5. **Update** (`_Run.update` → `UpdateResult`): `Trainer.train_step` over token-budget
+   micro-batches, ``epochs`` x ``mini_batches`` optimiser steps.
+6. **Sync** (`_Run.sync_weights`): the new policy version into the rollout engine.
+7. **Record** (`_Run.record_step`): metrics, trajectories (with reward breakdown and
+   provenance), the ``step.timeline`` event; a policy that has collapsed (one answer per
+   prompt while still mostly wrong: no gradient left) raises a ``run.collapsed`` event, and
+   ``run.collapse_recovered`` if it comes back. Then (in `run`) checkpoints every N steps and
+   held-out evaluation.
 
 Determinism: sampling seeds derive from ``(seed, step, rank)``, the sampler's state and every
 RNG are in the checkpoint, so a run resumed from step k produces at step k+1 the same metrics
@@ -38,7 +45,7 @@ import json
 import math
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,20 +53,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.batching import TrainRow, shard_groups
+from training.algorithm_config import AlgorithmConfig
+from training.batching import shard_groups
 from training.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from training.control import Control, ControlDecision, Overrides
 from training.metrics import CollapseDetector, SampleRecord, eval_metrics, sample_metrics
 from training.sink import NullSink, QueueingSink, Sink
 from training.spec import DomainSpec, RunSpec
+from training.step import (
+    Advantages,
+    Recomputed,
+    Rollouts,
+    Sample,
+    UpdateBatch,
+    UpdateResult,
+    build_update_batch,
+    compute_step_advantages,
+    per_sample_tokens,
+)
 from training.tasks import HELD_OUT, TRAIN, task_problem, with_engine_prompt
 from training.threads import set_cpu_threads
 
 __all__ = ["DomainMixSampler", "RunOutcome", "load_tasks", "mix_counts", "run"]
-
-
-# Estimators whose advantage is relative to the prompt's group: zero for a group with no spread.
-_GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "dapo", "rloo"})
 
 
 @dataclass
@@ -287,25 +302,25 @@ def _rubric_digest(rubric_spec: dict[str, Any]) -> str:
 
 
 @dataclass
-class _Sampled:
-    """One sample of this step on this rank, through rollout and reward."""
+class _Timeline:
+    """This step's stages on this rank, start and end relative to the step's start
+    (`StageSpan`); gathered from every rank into the ``step.timeline`` event."""
 
-    domain: str
-    group: int  # global prompt index of this step
-    task: dict[str, Any]
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-    policy_version: int
-    messages: list[dict[str, Any]] | None = None
-    turns: list[tuple[list[int], list[int], list[float]]] | None = None  # multi-turn episodes
-    observations: list[dict[str, Any]] = field(default_factory=list)
-    sandbox_image: str | None = None
-    reward: float = 0.0
-    breakdown: dict[str, float] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
+    rank: int
+    started: float = field(default_factory=time.perf_counter)
+    spans: list[dict[str, Any]] = field(default_factory=list)
+
+    def mark(self, stage: str, start: float, end: float, **extra: float) -> None:
+        """Adds ``stage`` (``time.perf_counter`` instants) to the timeline."""
+        self.spans.append(
+            {
+                "stage": stage,
+                "start_s": round(start - self.started, 6),
+                "end_s": round(end - self.started, 6),
+                "rank": self.rank,
+                **{k: round(v, 6) for k, v in extra.items()},
+            }
+        )
 
 
 class _Run:
@@ -359,10 +374,7 @@ class _Run:
         self.temperature = spec.sampling.temperature
         self.step = 0
         self.tool_seconds = 0.0  # elapsed in tool phases since the step's rollout began
-        # This step's stages on this rank, start and end relative to the step's start
-        # (`StageSpan`); gathered from every rank into the ``step.timeline`` event.
-        self.timeline: list[dict[str, Any]] = []
-        self.step_started = self.started
+        self.timeline = _Timeline(self.rank, self.started)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self.last_checkpoint: str | None = None
         self.collapse = CollapseDetector()
@@ -419,19 +431,9 @@ class _Run:
         self.last_checkpoint = str(path)  # what a run that fails before its next save has
         self.sink.event("run.resumed", {"step": self.step, "checkpoint": str(path)})
 
-    def mark(self, stage: str, start: float, end: float, **extra: float) -> None:
-        """Adds ``stage`` (``time.perf_counter`` instants) to this step's timeline."""
-        self.timeline.append(
-            {
-                "stage": stage,
-                "start_s": round(start - self.step_started, 6),
-                "end_s": round(end - self.step_started, 6),
-                "rank": self.rank,
-                **{k: round(v, 6) for k, v in extra.items()},
-            }
-        )
-
     def sync_weights(self) -> float:
+        """The sync stage: the policy's weights into the rollout engine (policy version =
+        steps done). Returns its seconds."""
         started = time.perf_counter()
         self.engine.update_weights(self.trainer.named_tensors(), self.step)
         return time.perf_counter() - started
@@ -495,11 +497,11 @@ class _Run:
         n: int,
         temperature: float,
         seed: int,
-    ) -> list[_Sampled]:
+    ) -> list[Sample]:
         """``n`` samples for each ``(group, domain, task)``; tool tasks as agent episodes."""
         from training.rollout.base import SamplingConfig
 
-        results: list[_Sampled] = []
+        results: list[Sample] = []
         plain = [it for it in items if not self._uses_tools(it[2])]
         with_tools = [it for it in items if self._uses_tools(it[2])]
         by_limit: dict[int, list[tuple[int, str, dict[str, Any]]]] = {}
@@ -517,7 +519,7 @@ class _Run:
             for (group, domain, task), samples in zip(chunk, outputs, strict=True):
                 for out in samples:
                     results.append(
-                        _Sampled(
+                        Sample(
                             domain=domain,
                             group=group,
                             task=task,
@@ -548,7 +550,7 @@ class _Run:
         n: int,
         temperature: float,
         seed: int,
-    ) -> list[_Sampled]:
+    ) -> list[Sample]:
         from training.agent import AgentConfig, run_episodes
         from training.rollout.base import SamplingConfig
 
@@ -595,7 +597,7 @@ class _Run:
             ]
             last = episode.steps[-1].output if episode.steps else None
             results.append(
-                _Sampled(
+                Sample(
                     domain=domain,
                     group=group,
                     task=task,
@@ -615,8 +617,8 @@ class _Run:
 
     # -------------------------------------------------------------- reward
 
-    def score(self, samples: list[_Sampled]) -> None:
-        by_domain: dict[str, list[_Sampled]] = {}
+    def score(self, samples: list[Sample]) -> None:
+        by_domain: dict[str, list[Sample]] = {}
         for sample in samples:
             by_domain.setdefault(sample.domain, []).append(sample)
         for domain, items in by_domain.items():
@@ -640,7 +642,7 @@ class _Run:
                 s.breakdown = {k: float(v) for k, v in result.breakdown.items()}
                 s.details = result.details
 
-    def record(self, s: _Sampled) -> SampleRecord:
+    def sample_record(self, s: Sample) -> SampleRecord:
         return SampleRecord(
             domain=s.domain,
             group=s.group,
@@ -652,159 +654,82 @@ class _Run:
             clipped=s.finish_reason == "length",
         )
 
-    # -------------------------------------------------------------- advantages → rows
-
-    def training_rows(
-        self,
-        samples: list[_Sampled],
-        ref: list[list[float]] | None,
-        current: list[list[float]] | None,
-    ) -> tuple[list[TrainRow], list[list[float]] | None, dict[str, float]]:
-        """The trainer's rows, the reference log-probs of each row (when ``ref`` is given), and
-        the advantage metrics. ``ref``/``current``: per-sample reference and policy log-probs
-        (`_per_sample_tokens`); ``current`` serves the KL in the reward and, when the batch is
-        used more than once, the rows' old log-probs."""
-        from training.algorithms import (
-            apply_kl_in_reward,
-            compute_advantages,
-            filter_zero_variance_groups,
-        )
-
-        algorithm = self.spec.algorithm_config(kl_coef=self.kl_coef)
-        if not samples:
-            return [], [] if ref is not None else None, {}
-        lengths = [max(len(s.response_ids), 1) for s in samples]
-        longest = max(lengths)
-        mask = torch.zeros((len(samples), longest))
-        for i, s in enumerate(samples):
-            mask[i, : len(s.response_ids)] = 1.0
-        rewards: torch.Tensor = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        groups = [s.group for s in samples]
-        metrics: dict[str, float] = {}
-        if algorithm.kl_in_reward and ref is not None and self.kl_coef > 0:
-            # The policy side is recomputed by the trainer, like the reference: the rollout
-            # engine's log-probs differ from the trainer's by kernel and precision (bf16 vLLM),
-            # and that error would read as KL (verl uses the actor's old_log_prob here too).
-            assert current is not None
-            logprobs = torch.zeros_like(mask)
-            ref_tensor = torch.zeros_like(mask)
-            for i, s in enumerate(samples):
-                n = len(s.response_ids)
-                logprobs[i, :n] = torch.tensor(current[i][:n])
-                ref_tensor[i, :n] = torch.tensor(ref[i][:n])
-            rewards, kl_metrics = apply_kl_in_reward(
-                rewards,
-                logprobs=logprobs,
-                ref_logprobs=ref_tensor,
-                response_mask=mask,
-                coef=self.kl_coef,
-                kind=algorithm.kl_estimator,
-            )
-            metrics.update(kl_metrics)
-        values = None
-        if self.trainer.has_value_head:
-            values = torch.zeros_like(mask)
-            for i, row_values in enumerate(_per_sample_tokens(samples, self.trainer.values)):
-                values[i, : len(row_values)] = torch.tensor(row_values)
-        advantages, returns = compute_advantages(
-            algorithm.advantage_estimator,
-            rewards=rewards,
-            response_mask=mask,
-            values=values,
-            group_index=groups,
-            gamma=algorithm.gamma,
-            lam=algorithm.lam,
-            norm_by_std=algorithm.norm_by_std,
-            epsilon=algorithm.epsilon,
-        )
-        if algorithm.advantage_estimator in _GROUP_RELATIVE:
-            # A group whose rewards are all equal carries no signal; its (r - mean) / (std + eps)
-            # is float rounding divided by eps, which Adam would turn into full-size noise steps.
-            varied = filter_zero_variance_groups(
-                rewards, groups, response_mask=mask, tolerance=1e-6
-            )
-            advantages = advantages * varied.to(advantages.dtype).unsqueeze(-1)
-        keep = [True] * len(samples)
-        if algorithm.filter_zero_variance_groups:
-            keep = filter_zero_variance_groups(rewards, groups, response_mask=mask).tolist()
-        old = current if self.spec.batch.epochs * self.spec.batch.mini_batches > 1 else None
-        rows: list[TrainRow] = []
-        row_ref: list[list[float]] | None = [] if ref is not None else None
-        for i, s in enumerate(samples):
-            if not keep[i] or not s.response_ids:
-                continue
-            # One row per assistant turn (one row for a single-turn sample). The advantages, PPO's
-            # value targets and the per-token scores were computed over the sample's response
-            # tokens in order, so a turn takes its slice: the credit of everything after it, and
-            # its context holds the conversation so far, observations included.
-            pieces = s.turns or [(s.prompt_ids, s.response_ids, s.logprobs)]
-            turns_with_tokens = sum(1 for _, ids, _ in pieces if ids)
-            start = 0
-            for prompt_ids, response_ids, rollout_logprobs in pieces:
-                end = start + len(response_ids)
-                row = TrainRow(
-                    prompt_ids,
-                    response_ids,
-                    advantages[i, start:end].tolist(),
-                    rollout_logprobs,
-                    sequence_tokens=len(s.response_ids),
-                    sequence_share=1.0 / max(turns_with_tokens, 1),
-                )
-                if values is not None:
-                    row.returns = returns[i, start:end].tolist()
-                    row.old_values = values[i, start:end].tolist()
-                if old is not None:
-                    row.old_logprobs = old[i][start:end]
-                if row_ref is not None and ref is not None:
-                    row_ref.append(ref[i][start:end])
-                rows.append(row)
-                start = end
-        metrics["critic/advantages/mean"] = float(
-            (advantages * mask).sum() / mask.sum().clamp(min=1)
-        )
-        metrics["batch/kept_fraction"] = sum(keep) / len(keep)
-        return rows, row_ref, metrics
-
     # -------------------------------------------------------------- one step
 
     def train_step(self) -> dict[str, float]:
-        spec = self.spec
-        timings: dict[str, float] = {}
-        started = self.step_started = time.perf_counter()
-        self.timeline = []
-        samples, trained, drawn, generation = self.generate(timings)
+        """One step, stage by stage (`training.step` names what passes between them)."""
+        self.timeline = _Timeline(self.rank)
+        algorithm = self.spec.algorithm_config(kl_coef=self.kl_coef)
+        rollouts = self.rollout_and_score()
+        started = time.perf_counter()
+        recomputed = self.recompute(rollouts.trained, algorithm)
+        advantages = compute_step_advantages(rollouts.trained, recomputed, algorithm, self.kl_coef)
+        batch = build_update_batch(
+            rollouts.trained, advantages, recomputed, reuse=self.reuses_batch
+        )
+        update = self.update(batch, algorithm)
+        train_s = time.perf_counter() - started
+        self.timeline.mark("train", started, started + train_s)
+        self.step += 1
+        started = time.perf_counter()
+        sync_s = self.sync_weights()
+        self.timeline.mark("weight_sync", started, started + sync_s)
+        return self.record_step(rollouts, advantages, update, train_s=train_s, sync_s=sync_s)
 
-        t = time.perf_counter()
-        # Each forward-only pass runs once per step over the samples (every rank: under ZeRO-3
-        # they are collectives); the rows take their slices.
-        algorithm = spec.algorithm_config(kl_coef=self.kl_coef)
-        reference = self.trainer.reference_model is not None
-        ref_for_samples = (
-            _per_sample_tokens(trained, lambda rows: self.trainer.logprobs(rows, reference=True))
-            if reference
+    @property
+    def reuses_batch(self) -> bool:
+        """The step's batch serves more than one optimiser step (off-policy after the first)."""
+        return self.spec.batch.epochs * self.spec.batch.mini_batches > 1
+
+    # -------------------------------------------------------------- recompute
+
+    def recompute(self, samples: list[Sample], algorithm: AlgorithmConfig) -> Recomputed:
+        """The forward-only passes the step needs over the samples to train on. Each runs once
+        per step on every rank (under ZeRO-3 they are collectives); the rows take their
+        slices."""
+        has_reference = self.trainer.reference_model is not None
+        ref = (
+            per_sample_tokens(samples, lambda rows: self.trainer.logprobs(rows, reference=True))
+            if has_reference
             else None
         )
-        needs_current = spec.batch.epochs * spec.batch.mini_batches > 1 or (
-            algorithm.kl_in_reward and reference and self.kl_coef > 0
+        kl_in_reward = algorithm.kl_in_reward and has_reference and self.kl_coef > 0
+        old = (
+            per_sample_tokens(samples, self.trainer.logprobs)
+            if self.reuses_batch or kl_in_reward
+            else None
         )
-        current = _per_sample_tokens(trained, self.trainer.logprobs) if needs_current else None
-        rows, row_ref, adv_metrics = self.training_rows(trained, ref_for_samples, current)
-        train_metrics: dict[str, list[float]] = {}
+        values = (
+            per_sample_tokens(samples, self.trainer.values)
+            if self.trainer.has_value_head and samples
+            else None
+        )
+        return Recomputed(ref_logprobs=ref, old_logprobs=old, values=values)
+
+    # -------------------------------------------------------------- update
+
+    def update(self, batch: UpdateBatch, algorithm: AlgorithmConfig) -> UpdateResult:
+        """``epochs`` x ``mini_batches`` optimiser steps over the rows (a mini-batch takes every
+        ``mini_batches``-th row), at this step's learning rate."""
+        result = UpdateResult()
+        parts = self.spec.batch.mini_batches
         self.trainer.set_lr(self.learning_rate())
-        for _ in range(spec.batch.epochs):
-            for part in range(spec.batch.mini_batches):
-                chosen = list(range(part, len(rows), spec.batch.mini_batches))
-                result = self.trainer.train_step(
-                    [rows[i] for i in chosen],
-                    algorithm,
-                    kl_coef=self.kl_coef,
-                    ref_logprobs=[row_ref[i] for i in chosen] if row_ref is not None else None,
+        for _ in range(self.spec.batch.epochs):
+            for part in range(parts):
+                chosen = list(range(part, len(batch.rows), parts))
+                result.add(
+                    self.trainer.train_step(
+                        [batch.rows[i] for i in chosen],
+                        algorithm,
+                        kl_coef=self.kl_coef,
+                        ref_logprobs=(
+                            [batch.ref_logprobs[i] for i in chosen]
+                            if batch.ref_logprobs is not None
+                            else None
+                        ),
+                    )
                 )
-                for key, value in result.items():
-                    train_metrics.setdefault(key, []).append(value)
-        timings["timing_s/train"] = time.perf_counter() - t
-        self.mark("train", t, t + timings["timing_s/train"])
-        if all(train_metrics.get("train/skipped", [1.0])):
+        if result.skipped:
             self.sink.event(
                 "train.skipped",
                 {
@@ -813,21 +738,36 @@ class _Run:
                     "or nothing was generated",
                 },
             )
+        return result
 
-        self.step += 1
-        t = time.perf_counter()
-        timings["timing_s/weight_sync"] = self.sync_weights()
-        self.mark("weight_sync", t, t + timings["timing_s/weight_sync"])
-        timings["timing_s/step"] = time.perf_counter() - started
-        timeline = _gather(self.timeline, self.world)
+    # -------------------------------------------------------------- record
 
-        records = _gather([self.record(s) for s in samples], self.world)
-        trajectories = _gather([self.trajectory(s) for s in samples], self.world)
+    def record_step(
+        self,
+        rollouts: Rollouts,
+        advantages: Advantages,
+        update: UpdateResult,
+        *,
+        train_s: float,
+        sync_s: float,
+    ) -> dict[str, float]:
+        """The record stage: the step's metrics (every rank's samples), its trajectories, its
+        timeline and the collapse detector's verdict to the sink (rank 0's)."""
+        timings = {
+            "timing_s/rollout": rollouts.rollout_s,
+            "timing_s/tools": rollouts.tools_s,
+            "timing_s/reward": rollouts.reward_s,
+            "timing_s/train": train_s,
+            "timing_s/weight_sync": sync_s,
+            "timing_s/step": time.perf_counter() - self.timeline.started,
+        }
+        timeline = _gather(self.timeline.spans, self.world)
+        records = _gather([self.sample_record(s) for s in rollouts.samples], self.world)
+        trajectories = _gather([self.trajectory(s) for s in rollouts.samples], self.world)
         metrics = sample_metrics(records)
-        for key, values in train_metrics.items():
-            metrics[key] = values[-1] if key in ("actor/lr",) else float(np.mean(values))
-        metrics.update(adv_metrics)
-        metrics.update(generation)
+        metrics.update(update.metrics())
+        metrics.update(advantages.metrics)
+        metrics.update(rollouts.metrics)
         metrics.update(timings)
         metrics["perf/throughput"] = metrics["perf/num_tokens"] / max(
             timings["timing_s/step"], 1e-9
@@ -843,7 +783,7 @@ class _Run:
         weight_sum = sum(w for w in self.weights.values() if w > 0)
         for name in self.weights:
             metrics[f"mix/{name}/weight"] = max(self.weights[name], 0.0) / weight_sum
-            metrics[f"mix/{name}/prompts"] = float(sum(1 for d, _ in drawn if d == name))
+            metrics[f"mix/{name}/prompts"] = float(sum(1 for d, _ in rollouts.drawn if d == name))
         self.sink.trajectories(trajectories)
         self.sink.metrics(self.step, metrics)
         self.sink.event(
@@ -855,18 +795,17 @@ class _Run:
             self.sink.event(*change)
         return metrics
 
-    def generate(
-        self, timings: dict[str, float]
-    ) -> tuple[list[_Sampled], list[_Sampled], list[tuple[str, dict[str, Any]]], dict[str, float]]:
-        """Draw, roll out and score this step's prompts; with ``max_generation_rounds`` > 1
-        (DAPO's dynamic sampling), keep drawing until ``prompts_per_step`` groups have rewards
-        that differ. Returns every sample generated (metrics and trajectories see them all),
-        the samples to train on, the prompts drawn, and the generation metrics."""
+    # -------------------------------------------------------------- rollout (with reward)
+
+    def rollout_and_score(self) -> Rollouts:
+        """The rollout stage: draw, roll out and score this step's prompts; with
+        ``max_generation_rounds`` > 1 (DAPO's dynamic sampling), keep drawing until
+        ``prompts_per_step`` groups have rewards that differ."""
         spec = self.spec
         per_round = spec.batch.prompts_per_step
         rounds_allowed = spec.batch.max_generation_rounds
         dynamic = rounds_allowed > 1
-        samples: list[_Sampled] = []
+        samples: list[Sample] = []
         drawn: list[tuple[str, dict[str, Any]]] = []
         rollout_s = tools_s = reward_s = 0.0
         rounds = 0
@@ -891,14 +830,16 @@ class _Run:
             tools_s += self.tool_seconds
             # On the timeline the tool calls are interleaved with generation: both stages span
             # the round's wall time, each with its own busy seconds.
-            self.mark("rollout", t, ended, busy_s=ended - t - self.tool_seconds, round=rounds)
+            self.timeline.mark(
+                "rollout", t, ended, busy_s=ended - t - self.tool_seconds, round=rounds
+            )
             if self.tool_seconds > 0:
-                self.mark("tools", t, ended, busy_s=self.tool_seconds, round=rounds)
+                self.timeline.mark("tools", t, ended, busy_s=self.tool_seconds, round=rounds)
             t = time.perf_counter()
             self.score(fresh)
             ended = time.perf_counter()
             reward_s += ended - t
-            self.mark("reward", t, ended, round=rounds)
+            self.timeline.mark("reward", t, ended, round=rounds)
             samples.extend(fresh)
             rounds += 1
             if not dynamic:
@@ -908,11 +849,8 @@ class _Run:
             varied_total = sum(_gather([len(varied_groups)], self.world))
             if varied_total >= per_round or rounds >= rounds_allowed:
                 break
-        timings["timing_s/rollout"] = rollout_s
-        timings["timing_s/tools"] = tools_s
-        timings["timing_s/reward"] = reward_s
         if not dynamic:
-            return samples, samples, drawn, {}
+            return Rollouts(samples, samples, drawn, {}, rollout_s, tools_s, reward_s)
         # This rank's share of the batch: as many groups as its shard of one round.
         share = len(shard_groups(per_round, self.rank, self.world))
         chosen = set(varied_groups[:share])
@@ -931,7 +869,7 @@ class _Run:
                     "wanted": per_round,
                 },
             )
-        return samples, trained, drawn, generation
+        return Rollouts(samples, trained, drawn, generation, rollout_s, tools_s, reward_s)
 
     def learning_rate(self) -> float:
         """This step's learning rate: ``lr``, ramped linearly over ``lr_warmup_steps``."""
@@ -940,7 +878,7 @@ class _Run:
             return self.spec.lr
         return self.spec.lr * min(1.0, (self.step + 1) / warmup)
 
-    def trajectory(self, s: _Sampled) -> dict[str, Any]:
+    def trajectory(self, s: Sample) -> dict[str, Any]:
         """The sample as a `training.trajectory.Trajectory`, in the dict form sinks receive.
         Built through `Trajectory.from_dict` so that what reaches a sink is checked against the
         one definition (a drifted key fails here, in tests, not in a consumer)."""
@@ -990,7 +928,7 @@ class _Run:
         temperature = 0.0 if self.spec.eval.greedy else self.temperature
         samples = self.rollout(mine, 1, temperature, _seed_for(self.spec.seed, -7, self.rank))
         self.score(samples)
-        metrics = eval_metrics(_gather([self.record(s) for s in samples], self.world))
+        metrics = eval_metrics(_gather([self.sample_record(s) for s in samples], self.world))
         self.eval_history.append((self.step, metrics))
         self.sink.metrics(self.step, metrics)
         return metrics
@@ -1001,7 +939,7 @@ class _Run:
         self.engine.close()
 
 
-def _varied_groups(samples: Sequence[_Sampled]) -> list[int]:
+def _varied_groups(samples: Sequence[Sample]) -> list[int]:
     """The groups (in order of first appearance) whose rewards are not all equal (the same
     test the update applies: `filter_zero_variance_groups`, tolerance 1e-6)."""
     from training.algorithms import filter_zero_variance_groups
@@ -1013,25 +951,6 @@ def _varied_groups(samples: Sequence[_Sampled]) -> list[int]:
     return list(
         dict.fromkeys(s.group for s, kept in zip(samples, keep.tolist(), strict=True) if kept)
     )
-
-
-def _per_sample_tokens(
-    samples: Sequence[_Sampled], score: Callable[[list[TrainRow]], list[list[float]]]
-) -> list[list[float]]:
-    """A per-token quantity (reference log-probabilities, value estimates) for each sample's
-    response tokens. A multi-turn episode is scored turn by turn, each assistant turn in its own
-    context (the conversation so far, tool observations included), and the turns are joined in
-    the order of ``response_ids``."""
-    rows: list[TrainRow] = []
-    spans: list[tuple[int, int]] = []
-    for s in samples:
-        start = len(rows)
-        pieces = s.turns or [(s.prompt_ids, s.response_ids, s.logprobs)]
-        for prompt_ids, response_ids, _ in pieces:
-            rows.append(TrainRow(prompt_ids, response_ids, [0.0] * len(response_ids)))
-        spans.append((start, len(rows)))
-    scored = score(rows)
-    return [[x for piece in scored[a:b] for x in piece] for a, b in spans]
 
 
 def _parameter_digest(weights: torch.nn.Module | Any) -> str:

@@ -253,7 +253,8 @@ def test_tool_use_episodes_run_in_sandboxes_and_land_in_trajectories(tmp_path):
 
 
 def test_multi_turn_episodes_are_scored_turn_by_turn_in_their_own_context():
-    from training.loop import _per_sample_tokens, _Sampled
+    from training.step import Sample as _Sampled
+    from training.step import per_sample_tokens as _per_sample_tokens
 
     def sample(prompt, response, turns=None):
         return _Sampled(
