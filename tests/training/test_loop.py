@@ -253,11 +253,10 @@ def test_tool_use_episodes_run_in_sandboxes_and_land_in_trajectories(tmp_path):
 
 
 def test_multi_turn_episodes_are_scored_turn_by_turn_in_their_own_context():
-    from training.step import Sample as _Sampled
-    from training.step import per_sample_tokens as _per_sample_tokens
+    from training.step import Sample, per_sample_tokens
 
     def sample(prompt, response, turns=None):
-        return _Sampled(
+        return Sample(
             domain="d",
             group=0,
             task={"prompt": "p"},
@@ -281,7 +280,7 @@ def test_multi_turn_episodes_are_scored_turn_by_turn_in_their_own_context():
         seen.extend((r.prompt_ids, r.response_ids) for r in rows)
         return [[float(len(r.prompt_ids) + j) for j in range(len(r.response_ids))] for r in rows]
 
-    scored = _per_sample_tokens([plain, episode], context_length_plus_position)
+    scored = per_sample_tokens([plain, episode], context_length_plus_position)
     assert scored == [[2.0, 3.0, 4.0], [1.0, 2.0, 5.0]]
     assert ([1, 7, 8, 40, 41], [9]) in seen  # the observation tokens are in the context
 
