@@ -53,5 +53,9 @@
   window.RunCharts.smoothingControl(document.getElementById("chart-controls"), buildAll);
   window.addEventListener("resize", () => { for (const c of charts.values()) c.plot.setSize({ width: width(), height: 220 }); });
   buildAll();
-  window.runCompare = { charts: () => charts.size };
+  // Tests read what a chart draws through this.
+  window.runCompare = {
+    charts: () => charts.size,
+    chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr, data: c.plot.data }; },
+  };
 })();

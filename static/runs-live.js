@@ -251,6 +251,10 @@
   window.addEventListener("pagehide", () => { stopped = true; if (socket) socket.close(); });
   // Tests reach the socket through this (e.g. to kill it and watch the page resume).
   window.RunCharts.smoothingControl(document.getElementById("chart-controls"), () => rebuild(null));
-  window.runLive = { close: () => socket && socket.close(), points: () => [...data.values()].reduce((n, m) => n + m.size, 0) };
+  window.runLive = {
+    close: () => socket && socket.close(),
+    points: () => [...data.values()].reduce((n, m) => n + m.size, 0),
+    chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr }; },
+  };
   connect();
 })();

@@ -306,10 +306,12 @@ def run_list_summaries(runs: list[Run]) -> list[Run]:
 
 
 def duration_text(seconds: float | None) -> str:
-    """'45 s', '12 min', '3 h 05 min', '2 d 4 h'; '' for None."""
+    """'under 1 s', '45 s', '12 min', '3 h 05 min', '2 d 4 h'; '' for None."""
     if seconds is None:
         return ""
     whole = max(int(round(seconds)), 0)
+    if whole < 1:
+        return "under 1 s"
     if whole < 60:
         return f"{whole} s"
     minutes = whole // 60
