@@ -112,17 +112,19 @@ def test_the_list_shows_progress_eta_newest_reward_and_a_sparkline_to_the_team_o
 def test_the_sparkline_is_downsampled_in_the_database_to_bucket_means(
     people: Any, version: Any
 ) -> None:
-    run = make_run(people, version, "long", state="completed")
+    run = make_run(people, version, "long", state="completed", last_step=3999)
     MetricRow.objects.bulk_create(
-        MetricRow(run=run, step=step, values={"reward/mean": float(step % 2)})
-        for step in range(4000)
+        MetricRow(run=run, step=step, values={"reward/mean": step / 4000}) for step in range(4000)
     )
     (summary,) = selectors.run_list_summaries([run])
     spark = summary.sparkline  # type: ignore[attr-defined]
     assert len(spark) == selectors.SPARK_BUCKETS
-    assert [step for step, _ in spark] == [i * 100 for i in range(40)]
-    assert all(value == pytest.approx(0.5) for _, value in spark)  # each bucket's mean
-    assert summary.latest_reward == 1.0  # type: ignore[attr-defined]
+    # Bucket i holds steps 100 i .. 100 i + 99 (sampled every 13th step): its mean is near
+    # its middle, and the sparkline rises as the series does.
+    for i, (step, value) in enumerate(spark):
+        assert 100 * i <= step < 100 * i + 13
+        assert value == pytest.approx((100 * i + 50) / 4000, abs=8 / 4000)
+    assert summary.latest_reward == 3999 / 4000  # type: ignore[attr-defined]
     assert summary.eta_s is None  # type: ignore[attr-defined]  # not training
 
 
