@@ -267,13 +267,16 @@ def run_list_summaries(runs: list[Run]) -> list[Run]:
             strides = [max(1, math.ceil((run.last_step + 1) / SPARK_SAMPLES)) for run in runs]
             cursor.execute(
                 """
-                WITH points AS (
+                WITH sample AS (
+                    SELECT r.id, s.step
+                    FROM unnest(%(ids)s::int[], %(strides)s::int[], %(lasts)s::int[])
+                         AS r(id, stride, last),
+                    LATERAL (SELECT generate_series(0, r.last, r.stride) AS step
+                             UNION SELECT r.last) s
+                ), points AS (
                     SELECT m.run_id, m.step, (m."values"->>%(key)s)::float8 AS value
-                    FROM unnest(%(ids)s::int[], %(strides)s::int[]) AS r(id, stride)
-                    JOIN runs_metric m ON m.run_id = r.id
-                    JOIN runs_run run ON run.id = r.id
-                    WHERE (m.step %% r.stride = 0 OR m.step >= run.last_step)
-                      AND jsonb_typeof(m."values"->%(key)s) = 'number'
+                    FROM sample JOIN runs_metric m ON m.run_id = sample.id AND m.step = sample.step
+                    WHERE jsonb_typeof(m."values"->%(key)s) = 'number'
                 ), spans AS (
                     SELECT run_id, min(step) AS low, max(step) AS high FROM points
                     GROUP BY run_id
@@ -282,7 +285,13 @@ def run_list_summaries(runs: list[Run]) -> list[Run]:
                 GROUP BY p.run_id, (p.step - s.low) * %(buckets)s / (s.high - s.low + 1)
                 ORDER BY p.run_id, min(p.step)
                 """,
-                {"ids": ids, "strides": strides, "key": SPARK_KEY, "buckets": SPARK_BUCKETS},
+                {
+                    "ids": ids,
+                    "strides": strides,
+                    "lasts": [run.last_step for run in runs],
+                    "key": SPARK_KEY,
+                    "buckets": SPARK_BUCKETS,
+                },
             )
             for run_id, step, value in cursor.fetchall():
                 if value is not None and math.isfinite(value):
