@@ -249,8 +249,9 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             return response
         return render(request, "runs/run_detail.html#live", _live_context(run))
     domains = [entry["slug"] for entry in run.pins.get("domains", [])]
+    live_context = _live_context(run)
     context = {
-        **_live_context(run),
+        **live_context,
         **_metric_table(run),
         "pins": run.pins.get("domains", []),
         "events": selectors.run_events_newest(run=run, limit=EVENT_ROWS),
@@ -258,9 +259,20 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_write": _can_write(membership),
         "promote_form": forms.PromoteForm(),
         "command_form": forms.CommandForm(),
-        "overrides_form": forms.OverridesForm(domains=domains),
+        "overrides_form": _overrides_form(domains, live_context["in_force"]),
     }
     return render(request, "runs/run_detail.html", context)
+
+
+def _overrides_form(domains: list[str], in_force: dict[str, Any]) -> forms.OverridesForm:
+    """The live-edit form, each empty field showing the value in force as its placeholder."""
+    form = forms.OverridesForm(domains=domains)
+    now = {f"weight_{slug}": weight for slug, weight in in_force["domain_weights"].items()}
+    now.update(kl_coef=in_force["kl_coef"], temperature=in_force["temperature"])
+    for name, value in now.items():
+        if name in form.fields and value is not None:
+            form.fields[name].widget.attrs["placeholder"] = f"now {value}"
+    return form
 
 
 @login_required

@@ -395,6 +395,7 @@ def test_the_run_header_shows_attempt_hosts_policy_version_and_the_values_in_for
     assert "#1" in content and "gpu-7" in content
     assert 'id="run-policy-version">10<' in content
     assert "KL coef 0.02" in content and "temperature 0.9" in content and "ETA 45 min" in content
+    assert 'placeholder="now 0.02"' in content and 'placeholder="now 0.9"' in content
     # A live edit: asked for, then the job applies one value and refuses another.
     services.run_command(
         actor=people.owner, run=run, kind="overrides",
@@ -406,3 +407,11 @@ def test_the_run_header_shows_attempt_hosts_policy_version_and_the_values_in_for
     assert "KL coef 0.05" in part and "temperature 0.9" in part
     assert "control.overrides_requested" in part and "kl.coef_changed" in part
     assert "control.override_refused" in part and "kl_coef &gt; 0 needs kl.ref" in part
+
+
+def test_the_charts_cover_per_criterion_rewards_and_leave_out_the_mix() -> None:
+    from console.runs import live
+
+    for key in ("reward/parity/answer/mean", "reward/parity/answer/std", "critic/score/mean"):
+        assert live.is_chart_key(key) == (key != "critic/score/mean")  # the alias: drawn once
+    assert not live.is_chart_key("mix/parity/weight")
