@@ -415,3 +415,28 @@ def test_the_charts_cover_per_criterion_rewards_and_leave_out_the_mix() -> None:
     for key in ("reward/parity/answer/mean", "reward/parity/answer/std", "critic/score/mean"):
         assert live.is_chart_key(key) == (key != "critic/score/mean")  # the alias: drawn once
     assert not live.is_chart_key("mix/parity/weight")
+
+
+def test_a_new_run_of_the_team_joins_an_open_list(
+    client_as: Any, people: Any, version: Any, attempt: Attempt
+) -> None:
+    client = client_as(OWNER)
+
+    def launch() -> int:
+        run = make_run(people, version, "just-launched", state="queued")
+        services.notify(run, "run.created", {"state": run.state})  # what run_launch sends
+        return run.pk
+
+    async def scenario() -> tuple[Any, Any, int]:
+        communicator = list_socket(client)
+        assert (await communicator.connect(timeout=10))[0]
+        first = await communicator.receive_json_from(timeout=10)
+        new_id = await sync_to_async(launch)()
+        update = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect()
+        return first, update, new_id
+
+    first, update, new_id = async_to_sync(scenario)()
+    assert [row["id"] for row in first["rows"]] == [attempt.run_id]
+    assert [row["id"] for row in update["rows"]] == [new_id] and update["removed"] == []
+    assert "just-launched" in update["rows"][0]["html"] and "0/100" in update["rows"][0]["html"]
