@@ -137,5 +137,33 @@
     container.append(label);
   }
 
-  window.RunCharts = { CHARTS, COLORS, ema, lines, options, figure, smoothingControl, settings };
+  // Zoom shared by a page's charts: a range dragged on one is set on the others, and a
+  // double-click resets them all. Only the user's own zoom (a drag selection is showing) is
+  // passed on: the rescaling after new points is each chart's own. `plots` lists the page's
+  // uPlot instances.
+  function zoomSync(plots) {
+    let busy = false;
+    function each(u, fn) {
+      if (busy) return;
+      busy = true;
+      try { for (const other of plots()) if (other !== u && other.scales.x) fn(other); } finally { busy = false; }
+    }
+    return {
+      hooks: {
+        setScale: (u, key) => {
+          if (key !== "x" || !(u.select && u.select.width > 0)) return;
+          const { min, max } = u.scales.x;
+          each(u, (other) => other.setScale("x", { min, max }));
+        },
+        ready: (u) => {
+          u.over.addEventListener("dblclick", () => each(u, (other) => {
+            const xs = other.data[0];
+            if (xs.length) other.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
+          }));
+        },
+      },
+    };
+  }
+
+  window.RunCharts = { CHARTS, COLORS, ema, lines, options, figure, smoothingControl, zoomSync, settings };
 })();

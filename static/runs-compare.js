@@ -42,7 +42,10 @@
     }
     entry.plotEl.textContent = "";
     const { series, data } = window.RunCharts.lines(labels, ys, def.id, (i) => COLORS[pairs[i].r % COLORS.length]);
-    const opts = window.RunCharts.options(def, width(), series, { cursor: { sync: { key: "run-compare" } } });
+    const opts = window.RunCharts.options(def, width(), series, {
+      cursor: { sync: { key: "run-compare" } },
+      plugins: [window.RunCharts.zoomSync(() => [...charts.values()].map((c) => c.plot).filter(Boolean))],
+    });
     entry.plot = new uPlot(opts, [xs, ...data], entry.plotEl);
     entry.el.dataset.runs = String(new Set(pairs.map((p) => p.run.id)).size);
     entry.el.dataset.points = String(ys.reduce((n, y) => n + y.filter((v) => v !== null).length, 0));
@@ -56,6 +59,7 @@
   // Tests read what a chart draws through this.
   window.runCompare = {
     charts: () => charts.size,
-    chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr, data: c.plot.data }; },
+    plot: (id) => charts.get(id).plot,
+    chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr, data: c.plot.data, x: [c.plot.scales.x.min, c.plot.scales.x.max] }; },
   };
 })();

@@ -118,7 +118,7 @@
     const { series, data: lines } = window.RunCharts.lines(keys, ys, def.id);
     const opts = window.RunCharts.options(def, width(), series, {
       cursor: { sync: { key: "run-live" } },
-      plugins: [markersPlugin()],
+      plugins: [markersPlugin(), window.RunCharts.zoomSync(() => [...charts.values()].map((c) => c.plot).filter(Boolean))],
     });
     entry.plot = new uPlot(opts, [xs, ...lines], entry.plotEl);
   }
@@ -254,7 +254,7 @@
   window.runLive = {
     close: () => socket && socket.close(),
     points: () => [...data.values()].reduce((n, m) => n + m.size, 0),
-    chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr }; },
+    chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr, x: [c.plot.scales.x.min, c.plot.scales.x.max] }; },
   };
   connect();
 })();

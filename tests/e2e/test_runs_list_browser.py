@@ -111,6 +111,24 @@ def test_the_compare_page_overlays_two_runs_with_smoothing_and_a_log_scale(
     assert page.locator("#compare-runs tr.compare-run").count() == 2
     screenshot(page, "page-runs-compare")
 
+    # Zoom: steps 5 to 10 dragged on the reward chart, the KL chart follows; a double-click
+    # on it resets both.
+    over = page.locator("#chart-reward .u-over").bounding_box()
+    left = page.evaluate(
+        "(() => { const u = window.runCompare.plot('reward');"
+        " return [u.valToPos(5, 'x'), u.valToPos(10, 'x')]; })()"
+    )
+    y = over["y"] + over["height"] / 2
+    page.mouse.move(over["x"] + left[0], y)
+    page.mouse.down()
+    page.mouse.move(over["x"] + (left[0] + left[1]) / 2, y)
+    page.mouse.move(over["x"] + left[1], y)
+    page.mouse.up()
+    low, high = page.evaluate("window.runCompare.chart('kl').x")
+    assert 4 < low < 6 and 9 < high < 11
+    page.locator("#chart-kl .u-over").dblclick()
+    assert page.evaluate("window.runCompare.chart('reward').x") == [1, 20]
+
     # Smoothing: each run gets its smoothed line beside the faint raw one, and it is smoother.
     page.evaluate(
         "(() => { const s = document.getElementById('smoothing'); s.value = '0.9';"
