@@ -423,6 +423,8 @@ def run_compare(request: HttpRequest) -> HttpResponse:
         )[:50],
     }
     if not values:
+        # From a run's page: that run comes ticked.
+        context["ticked"] = {value for value in request.GET.getlist("with") if value.isdigit()}
         return render(request, "runs/run_compare.html", context)
     try:
         ids = live.parse_compare_ids(values)

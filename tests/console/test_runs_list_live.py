@@ -367,8 +367,12 @@ def test_a_run_of_another_team_cannot_be_compared(
 def test_the_compare_page_without_ids_offers_the_teams_runs(
     client_as: Any, pair: tuple[Run, Run]
 ) -> None:
-    content = client_as(OWNER).get(reverse("runs:run_compare")).content.decode()
+    url = reverse("runs:run_compare") + f"?with={pair[1].pk}"
+    content = client_as(OWNER).get(url).content.decode()
     assert "lr-1e-6" in content and 'name="ids"' in content
+    # Coming from a run's page, that run is ticked, the other is not.
+    assert f'value="{pair[1].pk}" checked' in content
+    assert f'value="{pair[0].pk}" checked' not in content
 
 
 # --- the run page's header ----------------------------------------------------------------------
