@@ -3,10 +3,11 @@ and session authentication in console.asgi."""
 
 from django.urls import path
 
-from console.runs.consumers import RunLiveConsumer
+from console.runs.consumers import RunListConsumer, RunLiveConsumer
 from console.status.consumers import StatusConsumer
 
 websocket_urlpatterns = [
     path("ws/status/", StatusConsumer.as_asgi()),
+    path("ws/runs/", RunListConsumer.as_asgi()),
     path("ws/runs/<int:pk>/", RunLiveConsumer.as_asgi()),
 ]

@@ -10,25 +10,11 @@
 (function () {
   "use strict";
   const root = document.getElementById("live");
-  if (!root || typeof uPlot === "undefined") return;
+  if (!root || typeof uPlot === "undefined" || !window.RunCharts) return;
   const wsPath = root.dataset.ws;
   const livePartUrl = root.dataset.livePart;
   const FEED_MAX = 50;
-  const CHARTS = [
-    { id: "reward", title: "Reward mean (train)", match: (k) => /^reward\/mean$|^reward\/[^/]+\/mean$/.test(k) },
-    { id: "eval", title: "Held-out reward mean", match: (k) => /^eval\/reward\/mean$|^eval\/reward\/[^/]+\/mean$/.test(k) },
-    { id: "pass", title: "Pass rate", match: (k) => /^(eval\/)?pass_rate(\/[^/]+)?$/.test(k) },
-    { id: "kl", title: "KL (actor/kl)", match: (k) => k === "actor/kl" },
-    { id: "entropy", title: "Entropy (actor/entropy)", match: (k) => k === "actor/entropy" },
-    { id: "grad", title: "Grad norm (actor/grad_norm)", match: (k) => k === "actor/grad_norm" },
-    { id: "length", title: "Response length (mean)", match: (k) => k === "response_length/mean" },
-    { id: "clip", title: "Clipping", match: (k) => k === "response_length/clip_ratio" || k === "actor/pg_clipfrac" },
-    { id: "zero", title: "Zero-variance groups (frac_reward_zero_std)", match: (k) => k === "frac_reward_zero_std" },
-    { id: "std", title: "Reward std", match: (k) => /^reward\/std$|^reward\/[^/]+\/std$/.test(k) },
-    { id: "throughput", title: "Throughput (tokens/s)", match: (k) => k === "perf/throughput" },
-    { id: "timing", title: "Stage timings (s)", match: (k) => /^timing_s\//.test(k) },
-  ];
-  const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#4b5563"];
+  const { CHARTS } = window.RunCharts; // static/runs-charts.js: charts, smoothing, log scale
 
   const data = new Map(); // key -> Map(step -> value)
   let events = []; // markers
@@ -120,29 +106,35 @@
     let entry = charts.get(def.id);
     if (entry) entry.plot.destroy();
     else {
-      const el = document.createElement("figure");
-      el.className = "live-chart";
-      el.id = `chart-${def.id}`;
       const order = CHARTS.findIndex((c) => c.id === def.id);
-      el.dataset.order = String(order);
+      entry = window.RunCharts.figure(def, order, rebuild);
       const after = [...chartsEl.children].find((c) => Number(c.dataset.order) > order);
-      chartsEl.insertBefore(el, after || null);
-      entry = { el };
+      chartsEl.insertBefore(entry.el, after || null);
       charts.set(def.id, entry);
     }
     entry.keys = keys;
-    entry.el.textContent = "";
-    const opts = {
-      title: def.title,
-      width: width(),
-      height: 220,
+    entry.plotEl.textContent = "";
+    const [xs, ...ys] = chartData(keys);
+    const { series, data: lines } = window.RunCharts.lines(keys, ys, def.id);
+    const opts = window.RunCharts.options(def, width(), series, {
       cursor: { sync: { key: "run-live" } },
-      scales: { x: { time: false } },
-      axes: [{ label: "step" }, {}],
-      series: [{ label: "step" }, ...keys.map((k, i) => ({ label: k, stroke: COLORS[i % COLORS.length], spanGaps: true, width: 1.5 }))],
-      plugins: [markersPlugin()],
-    };
-    entry.plot = new uPlot(opts, chartData(keys), entry.el);
+      plugins: [markersPlugin(), window.RunCharts.zoomSync(() => [...charts.values()].map((c) => c.plot).filter(Boolean))],
+    });
+    entry.plot = new uPlot(opts, [xs, ...lines], entry.plotEl);
+  }
+
+  function chartLines(def, keys) {
+    const [xs, ...ys] = chartData(keys);
+    return [xs, ...window.RunCharts.lines(keys, ys, def.id).data];
+  }
+
+  // A smoothing or log-scale change: every chart (or one) is built again from the held data.
+  function rebuild(only) {
+    for (const def of CHARTS) {
+      const entry = charts.get(def.id);
+      if (entry && (!only || only.id === def.id)) makeChart(def, entry.keys);
+    }
+    for (const entry of charts.values()) entry.el.dataset.points = String(entry.plot.data[0].length);
   }
 
   function draw() {
@@ -152,7 +144,7 @@
       if (!keys.length) continue;
       const entry = charts.get(def.id);
       if (!entry || entry.keys.join("\n") !== keys.join("\n")) makeChart(def, keys);
-      else entry.plot.setData(chartData(keys));
+      else entry.plot.setData(chartLines(def, keys));
     }
     for (const entry of charts.values()) entry.el.dataset.points = String(entry.plot.data[0].length);
     chartsEl.dataset.points = String([...data.values()].reduce((n, m) => n + m.size, 0));
@@ -185,6 +177,8 @@
     }
     const step = document.getElementById("run-step");
     if (step) step.textContent = `${msg.last_step}/${msg.max_steps}`;
+    const bar = document.querySelector("#run-progress progress");
+    if (bar) { bar.max = Math.max(msg.max_steps, 1); bar.value = msg.last_step; }
     const changed = lastState !== null && (lastState !== `${msg.state}|${msg.reason}`);
     lastState = `${msg.state}|${msg.reason}`;
     if (changed || (msg.type === "delta" && msg.events.length)) refreshLivePart(300);
@@ -256,6 +250,11 @@
   window.addEventListener("resize", () => { for (const c of charts.values()) c.plot.setSize({ width: width(), height: 220 }); });
   window.addEventListener("pagehide", () => { stopped = true; if (socket) socket.close(); });
   // Tests reach the socket through this (e.g. to kill it and watch the page resume).
-  window.runLive = { close: () => socket && socket.close(), points: () => [...data.values()].reduce((n, m) => n + m.size, 0) };
+  window.RunCharts.smoothingControl(document.getElementById("chart-controls"), () => rebuild(null));
+  window.runLive = {
+    close: () => socket && socket.close(),
+    points: () => [...data.values()].reduce((n, m) => n + m.size, 0),
+    chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr, x: [c.plot.scales.x.min, c.plot.scales.x.max] }; },
+  };
   connect();
 })();

@@ -8,7 +8,8 @@ researchers launch and control, annotators read (403 on writes); no token is a 4
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, overload
 
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, StreamingHttpResponse
@@ -19,9 +20,9 @@ from ninja.pagination import paginate
 from console.accounts.models import Role
 from console.api import ErrorOut, Pagination, answers, api_member, api_membership
 from console.registry.jsonvalues import json_value_problem
-from console.runs import exports, selectors, services
+from console.runs import exports, live, selectors, services
 from console.runs.launch import LaunchError, launch_document_json_schema
-from console.runs.models import CommandKind, Run
+from console.runs.models import CommandKind, Run, RunState
 
 router = Router(tags=["runs"])
 
@@ -88,6 +89,33 @@ class RunOut(Schema):
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
     pins: dict[str, Any]
+
+
+class RunListOut(RunOut):
+    latest_reward: float | None = Field(None, description="The newest step's reward/mean")
+    eta_seconds: float | None = Field(
+        None, description="Seconds to max_steps at the newest steps' pace (running runs only)"
+    )
+    sparkline: list[tuple[int, float]] = Field(
+        ..., description="reward/mean as [step, mean] over at most 40 equal step buckets"
+    )
+
+
+class CompareRunOut(Schema):
+    id: int
+    name: str
+    state: str
+    last_step: int
+    max_steps: int
+    series: dict[str, list[tuple[int, float]]] = Field(
+        ...,
+        description="Each chart metric's [step, value] points, min/max downsampled to at "
+        "most 500 points per series",
+    )
+
+
+class CompareOut(Schema):
+    runs: list[CompareRunOut]
 
 
 class RunDetailOut(RunOut):
@@ -245,10 +273,81 @@ class LogOut(Schema):
 # --- runs -----------------------------------------------------------------------------------
 
 
-@router.get("/runs", response=answers({200: list[RunOut]}), summary="The team's runs")
+class _RunListPage(Sequence[dict[str, Any]]):
+    """The filtered runs for the paginator: the newest reward, sparkline and ETA are read only
+    for the page it slices (three queries), not for every run of the team."""
+
+    def __init__(self, runs: Any) -> None:
+        self.runs = runs
+
+    def __len__(self) -> int:
+        return int(self.runs.count())
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, int):
+            return self[index : index + 1][0]
+        runs = selectors.run_list_summaries(list(self.runs[index]))
+        return [
+            {
+                **_run_out(run),
+                "latest_reward": run.latest_reward,  # type: ignore[attr-defined]
+                "eta_seconds": run.eta_s,  # type: ignore[attr-defined]
+                "sparkline": run.sparkline,  # type: ignore[attr-defined]
+            }
+            for run in runs
+        ]
+
+
+@router.get(
+    "/runs",
+    response=answers({200: list[RunListOut]}),
+    summary="The team's runs, newest first, with progress, newest reward and a sparkline",
+)
 @paginate(Pagination)
-def run_list(request: HttpRequest, state: str = Query("", max_length=16)) -> Any:
-    return [_run_out(run) for run in selectors.run_list(team=api_member(request).team, state=state)]
+def run_list(
+    request: HttpRequest,
+    state: str = Query("", max_length=16),
+    # PostgreSQL refuses NUL in a query: a 422 here, as for the registry's search.
+    q: str = Query(
+        "",
+        max_length=100,
+        pattern=r"^[^\x00]*$",
+        description="part of the name, or a pinned domain's slug",
+    ),
+    launched_by: str = Query(
+        "", max_length=150, pattern=r"^[^\x00]*$", description="the launcher's username"
+    ),
+) -> Any:
+    if state and state not in RunState.values:
+        raise HttpError(422, f"unknown state {state!r}; one of {', '.join(RunState.values)}")
+    filters = selectors.RunListFilters(state=state, q=q.strip(), launched_by=launched_by.strip())
+    runs = selectors.run_list_filtered(team=api_member(request).team, filters=filters)
+    return _RunListPage(runs.select_related("created_by", "model_version__model"))
+
+
+@router.get(
+    "/runs/compare",
+    response=answers({200: CompareOut}),
+    summary="Several runs' chart series, downsampled, to overlay (the compare page's data)",
+)
+def run_compare(
+    request: HttpRequest,
+    ids: str = Query(..., max_length=200, description="run ids, comma-separated (2 to 8)"),
+    metrics: str = Query(
+        "", max_length=2000, description="only these metric keys, comma-separated"
+    ),
+) -> Any:
+    try:
+        wanted = live.parse_compare_ids([ids])
+    except ValueError as error:
+        return 422, {"detail": str(error), "errors": {"ids": [str(error)]}}
+    runs = [_run(request, run_id) for run_id in wanted]
+    only = [key.strip() for key in metrics.split(",") if key.strip()]
+    return {"runs": live.compare_series(runs, keys=only or None)}
 
 
 @router.post("/runs", response=answers({201: RunDetailOut}), summary="Launch a run")

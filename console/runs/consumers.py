@@ -23,9 +23,11 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from django.template.loader import render_to_string
 
+from console.accounts.access import SESSION_TEAM_KEY
 from console.broadcast import CLOSE_INVALID_PAYLOAD, TeamGroupConsumer
-from console.runs import live, services
+from console.runs import live, selectors, services
 from console.runs.models import Run
 from console.status.metrics import websocket_clients
 
@@ -148,3 +150,114 @@ class RunLiveConsumer(TeamGroupConsumer):
     @staticmethod
     def _facts(message: dict[str, Any]) -> tuple[Any, ...]:
         return (message["state"], message["reason"], message["last_step"], message["max_steps"])
+
+
+def _list_team(user: Any, team_param: str, session_team: Any) -> int | None:
+    """The team a runs list watches: the page's `team` (it must be one of the user's), else
+    the session's active team, else the user's first."""
+    from console.accounts.models import Membership
+
+    memberships = Membership.objects.filter(user=user).order_by("team__name")
+    for wanted in (team_param, session_team):
+        if wanted not in (None, "") and str(wanted).isdigit():
+            if memberships.filter(team_id=int(wanted)).exists():
+                return int(wanted)
+            if wanted is team_param:
+                return None  # another team's list: refused like a run of another team
+    first = memberships.values_list("team_id", flat=True).first()
+    return int(first) if first is not None else None
+
+
+def _list_rows(team_id: int, filters: selectors.RunListFilters, ids: set[int] | None) -> Any:
+    """The rows to send (`ids` None: the whole list) and the ids among `ids` that no longer
+    match the filters (the page drops them)."""
+    runs = selectors.run_list_filtered(team=team_id, filters=filters)
+    if ids is not None:
+        runs = runs.filter(pk__in=ids)
+    found = selectors.run_list_summaries(list(runs[: selectors.RUN_LIST_LIMIT]))
+    rows = [
+        {
+            "id": run.pk,
+            "state": run.state,
+            "last_step": run.last_step,
+            "max_steps": run.max_steps,
+            "eta_s": run.eta_s,  # type: ignore[attr-defined]
+            "latest_reward": run.latest_reward,  # type: ignore[attr-defined]
+            "sparkline": run.sparkline,  # type: ignore[attr-defined]
+            "html": render_to_string("runs/run_list.html#row", {"run": run}),
+        }
+        for run in found
+    ]
+    removed = sorted((ids or set()) - {run.pk for run in found})
+    return rows, removed
+
+
+class RunListConsumer(TeamGroupConsumer):
+    """`/ws/runs/?team=<id>&<filters>`: the runs list, live. Any member of the team may watch;
+    another team's id is refused with 4404, an anonymous user with 4401.
+
+    The team's run notices (created, state changes, each step's metrics, checkpoints) are
+    doorbells carrying the run's id: the consumer re-reads those runs' rows (with the page's
+    filters) from PostgreSQL and sends ``{"type": "rows", "seq", "rows": [{id, state,
+    last_step, max_steps, eta_s, latest_reward, sparkline, html}], "removed": [ids]}``.
+    The first message (``"type": "snapshot"``) holds every row of the list; a page that
+    reconnects gets a fresh snapshot, so it misses nothing. Doorbells that ring during a read
+    are gathered into one more read."""
+
+    topic = services.RUNS_TOPIC
+
+    seq = 0
+    filters: selectors.RunListFilters
+    dirty: set[int]
+    reader: asyncio.Task[None] | None = None
+
+    async def team_id_for(self, **url_kwargs: Any) -> int | None:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
+        flat = {key: values[0] for key, values in query.items() if values}
+        self.filters = selectors.RunListFilters.from_query(flat)
+        session = self.scope.get("session")
+        session_team = session.get(SESSION_TEAM_KEY) if session is not None else None
+        team_id: int | None = await database_sync_to_async(_list_team)(
+            self.scope["user"], flat.get("team", ""), session_team
+        )
+        self.team_id = team_id
+        return team_id
+
+    async def connect(self) -> None:
+        self.dirty = set()
+        await super().connect()
+        if not getattr(self, "groups_joined", None):
+            return  # refused
+        self.counted = True
+        websocket_clients["runs"] += 1
+        await self._send("snapshot", None)
+
+    async def disconnect(self, code: int) -> None:
+        if getattr(self, "counted", False):
+            self.counted = False
+            websocket_clients["runs"] -= 1
+        if self.reader is not None and not self.reader.done():
+            self.reader.cancel()
+        await super().disconnect(code)
+
+    async def _send(self, kind: str, ids: set[int] | None) -> None:
+        rows, removed = await database_sync_to_async(_list_rows)(self.team_id, self.filters, ids)
+        if kind == "rows" and not rows and not removed:
+            return
+        self.seq += 1
+        await self.send_json({"type": kind, "seq": self.seq, "rows": rows, "removed": removed})
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        return  # the page sends nothing
+
+    async def broadcast_event(self, message: dict[str, Any]) -> None:
+        run_id = message.get("payload", {}).get("run")
+        if isinstance(run_id, int):
+            self.dirty.add(run_id)
+            if self.reader is None or self.reader.done():
+                self.reader = asyncio.create_task(self._read_while_dirty())
+
+    async def _read_while_dirty(self) -> None:
+        while self.dirty:
+            ids, self.dirty = self.dirty, set()
+            await self._send("rows", ids)

@@ -32,6 +32,7 @@ from console.runs.models import PER_STEP_EVENT_KINDS, MetricRow, Run, RunEvent, 
 CHART_KEY = re.compile(
     r"^(?:"
     r"reward/mean|reward/std|reward/[^/]+/mean|reward/[^/]+/std"
+    r"|reward/[^/]+/[^/]+/mean|reward/[^/]+/[^/]+/std"
     r"|pass_rate(?:/[^/]+)?"
     r"|eval/reward/mean|eval/reward/[^/]+/mean|eval/pass_rate(?:/[^/]+)?"
     r"|actor/kl|actor/entropy|actor/grad_norm|actor/pg_clipfrac"
@@ -295,3 +296,50 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
         if truncate_after is not None:
             message["truncate_after"] = truncate_after
         return message
+
+
+COMPARE_MAX_RUNS = 8
+COMPARE_MAX_POINTS = 500  # per series and run: eight runs draw as fast as one
+
+
+def compare_series(
+    runs: list[Run], keys: list[str] | None = None, max_points: int = COMPARE_MAX_POINTS
+) -> list[dict[str, Any]]:
+    """Each run's chart series, min/max downsampled as for its own page (one query a run),
+    for overlaying several runs on one chart; with `keys`, only those keys."""
+    result = []
+    for run in runs:
+        series = downsampled_series(run.pk, max_points=max_points)
+        if keys:
+            series = {key: points for key, points in series.items() if key in keys}
+        result.append(
+            {
+                "id": run.pk,
+                "name": run.name,
+                "state": run.state,
+                "last_step": run.last_step,
+                "max_steps": run.max_steps,
+                "series": series,
+            }
+        )
+    return result
+
+
+def parse_compare_ids(values: list[str]) -> list[int]:
+    """Run ids from ``?ids=1,2,3`` (or ``ids`` repeated, as the runs list's checkboxes send
+    them), in order, without repeats; ValueError saying what is wrong."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit() or len(part) > 10:
+                raise ValueError(f"'{part[:20]}' is not a run id")
+            if int(part) not in ids:
+                ids.append(int(part))
+    if len(ids) < 2:
+        raise ValueError("pick two or more runs to compare")
+    if len(ids) > COMPARE_MAX_RUNS:
+        raise ValueError(f"at most {COMPARE_MAX_RUNS} runs can be compared at once")
+    return ids

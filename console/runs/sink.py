@@ -203,8 +203,7 @@ class ConsoleSink:
                 self.run,
                 "run.metrics",
                 {"step": step, "keys": sorted(clean)},
-                to_lists=False,
-                wait=False,
+                wait=False,  # to the team's runs lists too: their progress and sparkline
             )
 
     def checkpoint(self, info: dict[str, Any]) -> None:

@@ -6,6 +6,8 @@ app_name = "runs"
 urlpatterns = [
     path("runs/", views.run_list, name="run_list"),
     path("runs/new/", views.run_create, name="run_create"),
+    # Comparing runs (issue 16, charts): the page; its data is also /api/runs/compare.
+    path("runs/compare/", views.run_compare, name="run_compare"),
     path("runs/<int:pk>/", views.run_detail, name="run_detail"),
     path("runs/<int:pk>/cancel/", views.run_command, {"kind": "cancel"}, name="run_cancel"),
     path("runs/<int:pk>/preempt/", views.run_command, {"kind": "preempt"}, name="run_preempt"),

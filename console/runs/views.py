@@ -22,7 +22,7 @@ from console.accounts.access import require_active_membership, require_team_role
 from console.accounts.models import Membership, Role
 from console.registry import selectors as registry_selectors
 from console.registry.models import Domain
-from console.runs import explorer, exports, forms, selectors, services
+from console.runs import explorer, exports, forms, live, selectors, services
 from console.runs.launch import LaunchError, default_document, merge
 from console.runs.models import (
     Checkpoint,
@@ -40,6 +40,11 @@ EVAL_COLUMNS = ("eval/reward/mean", "eval/reward/sem", "eval/pass_rate")
 METRIC_ROWS = 20
 EVENT_ROWS = 50
 POLL_SECONDS = 3
+# The compare page's colour per run, in order (the same list as COLORS in static/runs-charts.js).
+COMPARE_COLOURS = (
+    *("#2563eb", "#dc2626", "#059669", "#d97706"),
+    *("#7c3aed", "#db2777", "#0891b2", "#4b5563"),
+)
 
 # --- access ---------------------------------------------------------------------------------
 
@@ -82,14 +87,22 @@ def _can_write(membership: Membership) -> bool:
 @login_required
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
+    """The team's runs with their progress, ETA, newest reward and a sparkline, filtered;
+    `/ws/runs/` (consumers.RunListConsumer) keeps the rows live."""
     membership = require_active_membership(request)
-    state = request.GET.get("state", "")
-    if state not in RunState.values:
-        state = ""
+    filters = selectors.RunListFilters.from_query(request.GET)
+    runs = list(
+        selectors.run_list_filtered(team=membership.team, filters=filters)[
+            : selectors.RUN_LIST_LIMIT
+        ]
+    )
     context = {
-        "runs": selectors.run_list(team=membership.team, state=state)[:200],
-        "state": state,
+        "runs": selectors.run_list_summaries(runs),
+        "filters": filters,
+        "state": filters.state,
         "states": RunState.choices,
+        "launchers": selectors.run_list_launchers(team=membership.team),
+        "team_id": membership.team_id,
         "can_write": _can_write(membership),
     }
     if request.htmx:  # type: ignore[attr-defined]
@@ -207,10 +220,17 @@ def _metric_table(run: Run) -> dict[str, Any]:
 
 
 def _live_context(run: Run) -> dict[str, Any]:
+    """The header's facts (also the htmx part the page refetches when an event comes)."""
     attempts = list(selectors.run_attempts(run=run))
+    selectors.run_list_summaries([run])  # its ETA and newest reward
+    hosts = list(dict.fromkeys(attempt.host.name for attempt in attempts))
     return {
         "run": run,
         "attempts": attempts,
+        "attempt": attempts[-1] if attempts else None,
+        "hosts": hosts,
+        "policy_version": selectors.run_policy_version(run=run),
+        "in_force": selectors.run_values_in_force(run=run),
         "trajectory_count": selectors.run_trajectory_count(run=run),
         "poll_seconds": POLL_SECONDS,
     }
@@ -229,8 +249,9 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             return response
         return render(request, "runs/run_detail.html#live", _live_context(run))
     domains = [entry["slug"] for entry in run.pins.get("domains", [])]
+    live_context = _live_context(run)
     context = {
-        **_live_context(run),
+        **live_context,
         **_metric_table(run),
         "pins": run.pins.get("domains", []),
         "events": selectors.run_events_newest(run=run, limit=EVENT_ROWS),
@@ -238,9 +259,20 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_write": _can_write(membership),
         "promote_form": forms.PromoteForm(),
         "command_form": forms.CommandForm(),
-        "overrides_form": forms.OverridesForm(domains=domains),
+        "overrides_form": _overrides_form(domains, live_context["in_force"]),
     }
     return render(request, "runs/run_detail.html", context)
+
+
+def _overrides_form(domains: list[str], in_force: dict[str, Any]) -> forms.OverridesForm:
+    """The live-edit form, each empty field showing the value in force as its placeholder."""
+    form = forms.OverridesForm(domains=domains)
+    now = {f"weight_{slug}": weight for slug, weight in in_force["domain_weights"].items()}
+    now.update(kl_coef=in_force["kl_coef"], temperature=in_force["temperature"])
+    for name, value in now.items():
+        if name in form.fields and value is not None:
+            form.fields[name].widget.attrs["placeholder"] = f"now {value}"
+    return form
 
 
 @login_required
@@ -367,6 +399,52 @@ def run_export(request: HttpRequest, pk: int, what: str) -> StreamingHttpRespons
         name = f"run-{run.pk}-metrics.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
+
+
+# --- comparing runs -------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def run_compare(request: HttpRequest) -> HttpResponse:
+    """Two or more runs of one team overlaid on the same charts (`?ids=1,2,3`). A run the user
+    may not see answers 404 as if it did not exist; bad ids are a 400 saying why."""
+    membership = require_active_membership(request)
+    values = request.GET.getlist("ids")
+    context: dict[str, Any] = {
+        "error": "",
+        "runs": [],
+        "compare": [],
+        "max_runs": live.COMPARE_MAX_RUNS,
+        "max_points": live.COMPARE_MAX_POINTS,
+        # to pick from when no runs (or bad ids) were given
+        "recent": selectors.run_list_filtered(
+            team=membership.team, filters=selectors.RunListFilters()
+        )[:50],
+    }
+    if not values:
+        # From a run's page: that run comes ticked.
+        context["ticked"] = {value for value in request.GET.getlist("with") if value.isdigit()}
+        return render(request, "runs/run_compare.html", context)
+    try:
+        ids = live.parse_compare_ids(values)
+    except ValueError as error:
+        context["error"] = str(error)
+        return render(request, "runs/run_compare.html", context, status=400)
+    runs = selectors.runs_by_ids(ids=ids)
+    if len(runs) != len(ids):
+        raise Http404("No such run")
+    for run in runs:
+        require_team_role(request.user, run.team)
+    if len({run.team_id for run in runs}) > 1:
+        context["error"] = "runs of one team only can be compared"
+        return render(request, "runs/run_compare.html", context, status=400)
+    context["runs"] = runs
+    context["runs_coloured"] = [
+        (run, COMPARE_COLOURS[i % len(COMPARE_COLOURS)]) for i, run in enumerate(runs)
+    ]
+    context["compare"] = live.compare_series(runs)
+    return render(request, "runs/run_compare.html", context)
 
 
 # --- the trajectory explorer ----------------------------------------------------------------
