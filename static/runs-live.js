@@ -23,7 +23,7 @@
     { id: "grad", title: "Grad norm (actor/grad_norm)", match: (k) => k === "actor/grad_norm" },
     { id: "length", title: "Response length (mean)", match: (k) => k === "response_length/mean" },
     { id: "clip", title: "Clipping", match: (k) => k === "response_length/clip_ratio" || k === "actor/pg_clipfrac" },
-    { id: "zero", title: "Zero-variance groups (frac_reward_zero_std)", match: (k) => k === "frac_reward_zero_std" },
+    { id: "zero", title: "Zero-variance groups and discarded samples (fraction)", match: (k) => k === "frac_reward_zero_std" || k === "batch/discarded_fraction" },
     { id: "std", title: "Reward std", match: (k) => /^reward\/std$|^reward\/[^/]+\/std$/.test(k) },
     { id: "throughput", title: "Throughput (tokens/s)", match: (k) => k === "perf/throughput" },
     { id: "timing", title: "Stage timings (s)", match: (k) => /^timing_s\//.test(k) },

@@ -306,6 +306,8 @@ class _Sampled:
     reward: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    # Why the step did not train on it (`training.trajectory.DISCARD_REASONS`); None if it did.
+    discarded: str | None = None
 
 
 class _Run:
@@ -727,6 +729,9 @@ class _Run:
         keep = [True] * len(samples)
         if algorithm.filter_zero_variance_groups:
             keep = filter_zero_variance_groups(rewards, groups, response_mask=mask).tolist()
+            for sample, kept in zip(samples, keep, strict=True):
+                if not kept:
+                    sample.discarded = "zero_variance"
         old = current if self.spec.batch.epochs * self.spec.batch.mini_batches > 1 else None
         rows: list[TrainRow] = []
         row_ref: list[list[float]] | None = [] if ref is not None else None
@@ -828,6 +833,10 @@ class _Run:
             metrics[key] = values[-1] if key in ("actor/lr",) else float(np.mean(values))
         metrics.update(adv_metrics)
         metrics.update(generation)
+        if trajectories:
+            metrics["batch/discarded_fraction"] = sum(
+                1 for t in trajectories if t["discarded"]
+            ) / len(trajectories)
         metrics.update(timings)
         metrics["perf/throughput"] = metrics["perf/num_tokens"] / max(
             timings["timing_s/step"], 1e-9
@@ -917,6 +926,12 @@ class _Run:
         share = len(shard_groups(per_round, self.rank, self.world))
         chosen = set(varied_groups[:share])
         trained = [s for s in samples if s.group in chosen]
+        varied = set(varied_groups)
+        for s in samples:
+            if s.group not in chosen:
+                # Drawn but not trained on: flat rewards, or more varied groups than the batch
+                # holds (the surplus of the last round).
+                s.discarded = "batch_full" if s.group in varied else "zero_variance"
         generation = {
             "batch/generation_rounds": float(rounds),
             "batch/varied_groups": float(varied_total),
@@ -963,6 +978,7 @@ class _Run:
                 "finish_reason": s.finish_reason,
                 "response_tokens": len(s.response_ids),
                 "task_id": s.task.get("metadata", {}).get("task_id"),
+                "discarded": s.discarded,
                 "provenance": {
                     "run": self.spec.name,
                     "step": self.step,

@@ -36,7 +36,7 @@ CHART_KEY = re.compile(
     r"|eval/reward/mean|eval/reward/[^/]+/mean|eval/pass_rate(?:/[^/]+)?"
     r"|actor/kl|actor/entropy|actor/grad_norm|actor/pg_clipfrac"
     r"|response_length/mean|response_length/clip_ratio"
-    r"|frac_reward_zero_std|perf/throughput"
+    r"|frac_reward_zero_std|batch/discarded_fraction|perf/throughput"
     r"|timing_s/[^/]+"
     r")$"
 )

@@ -228,6 +228,8 @@ class TrajectoryRecord(models.Model):
     rubric_version = models.PositiveIntegerField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16)
     response_tokens = models.PositiveIntegerField()
+    # Why the step did not train on it (training.trajectory.DISCARD_REASONS); "" if it did.
+    discarded = models.CharField(max_length=32, blank=True, default="")
     data = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -243,6 +245,12 @@ class TrajectoryRecord(models.Model):
             models.Index(fields=["run", "domain", "reward"], name="trajectory_domain"),
             # The ops page's ingest rate reads the newest minute.
             models.Index(fields=["created_at"], name="trajectory_created"),
+            # The explorer's discarded samples, newest steps first (few rows: a partial index).
+            models.Index(
+                fields=["run", "step", "index"],
+                condition=~Q(discarded=""),
+                name="trajectory_discarded",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -48,6 +48,7 @@ TRAJECTORY_COLUMNS = (
     "rubric_version",
     "finish_reason",
     "response_tokens",
+    "discarded",
     "data",
     "created_at",
 )
@@ -98,6 +99,7 @@ def trajectory_row(
         rubric_version if isinstance(rubric_version, int) else None,
         str(item.get("finish_reason", ""))[:16],
         int(item.get("response_tokens", 0)),
+        str(item.get("discarded") or "")[:32],
         _json(item),
         now,
     )
