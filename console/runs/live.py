@@ -26,6 +26,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
+from console.runs import rollup
 from console.runs.models import PER_STEP_EVENT_KINDS, MetricRow, Run, RunEvent, TrajectoryRecord
 
 # The metric keys drawn as charts (names from training/metrics.py).
@@ -114,10 +115,12 @@ def _trajectory_rows(run_id: int) -> Any:
 
 
 def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, list[list[float]]]:
-    """Every chart key's points ``[step, value]`` in step order; when a run has more steps than
-    `max_points`, steps fall into `max_points // 2` equal buckets and each bucket keeps its
-    minimum and its maximum (so spikes survive), plus the series' last point (where the live
-    points continue). Done in PostgreSQL: a run of 100k steps costs one query."""
+    """Every chart key's points ``[step, value]`` in step order. A run of at most `max_points`
+    steps is read from its rows, every point. A longer one is read from the buckets the sink
+    keeps (`console.runs.rollup`: fixed widths, the narrowest that spans the run in at most
+    `max_points // 2` buckets): each bucket's minimum and maximum (so spikes survive), plus
+    the series' last point (where the live points continue). A run of 100k steps costs two
+    small queries, not a pass over its 10M values."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT min(step), max(step), count(*) FROM runs_metric WHERE run_id = %s", [run_id]
@@ -126,28 +129,18 @@ def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, l
         if not count:
             return {}
         buckets = max(max_points // 2, 1)
-        width = 1 if count <= max_points else math.ceil((high - low + 1) / buckets)
+        if count > max_points:
+            return rollup.series(run_id, low, high, buckets)
+        # Every point is kept: no buckets to rank.
         cursor.execute(
             """
-            WITH points AS (
-                SELECT kv.key, m.step, (kv.value #>> '{}')::float8 AS value,
-                       (m.step - %(low)s) / %(width)s AS bucket
-                FROM runs_metric m, jsonb_each(m."values") kv
-                WHERE m.run_id = %(run)s AND jsonb_typeof(kv.value) = 'number'
-                  AND kv.key ~ %(pattern)s
-            ), ranked AS (
-                SELECT key, step, value,
-                  row_number() OVER (PARTITION BY key, bucket ORDER BY value, step) AS lowest,
-                  row_number() OVER (PARTITION BY key, bucket ORDER BY value DESC, step)
-                    AS highest,
-                  row_number() OVER (PARTITION BY key ORDER BY step DESC) AS newest
-                FROM points
-            )
-            SELECT key, step, value FROM ranked
-            WHERE lowest = 1 OR highest = 1 OR newest = 1
-            ORDER BY key, step
+            SELECT kv.key, m.step, (kv.value #>> '{}')::float8
+            FROM runs_metric m, jsonb_each(m."values") kv
+            WHERE m.run_id = %(run)s AND jsonb_typeof(kv.value) = 'number'
+              AND kv.key ~ %(pattern)s
+            ORDER BY kv.key, m.step
             """,
-            {"run": run_id, "low": low, "width": width, "pattern": CHART_KEY_SQL},
+            {"run": run_id, "pattern": CHART_KEY_SQL},
         )
         series: dict[str, list[list[float]]] = {}
         for key, step, value in cursor.fetchall():
