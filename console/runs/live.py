@@ -131,21 +131,26 @@ def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, l
         buckets = max(max_points // 2, 1)
         if count > max_points:
             return rollup.series(run_id, low, high, buckets)
-        # Every point is kept: no buckets to rank.
+        # Every point is kept: one row per key with its steps and values in step order (far
+        # fewer rows to hand over than one per point).
         cursor.execute(
             """
-            SELECT kv.key, m.step, (kv.value #>> '{}')::float8
+            SELECT kv.key, array_agg(m.step ORDER BY m.step),
+                   array_agg((kv.value #>> '{}')::float8 ORDER BY m.step)
             FROM runs_metric m, jsonb_each(m."values") kv
             WHERE m.run_id = %(run)s AND jsonb_typeof(kv.value) = 'number'
               AND kv.key ~ %(pattern)s
-            ORDER BY kv.key, m.step
+            GROUP BY kv.key
+            ORDER BY kv.key
             """,
             {"run": run_id, "pattern": CHART_KEY_SQL},
         )
         series: dict[str, list[list[float]]] = {}
-        for key, step, value in cursor.fetchall():
-            if math.isfinite(value):
-                series.setdefault(key, []).append([step, value])
+        for key, steps, values in cursor.fetchall():
+            points = [[step, value] for step, value in zip(steps, values, strict=True)]
+            finite = [point for point in points if math.isfinite(point[1])]
+            if finite:
+                series[key] = finite
         return series
 
 
