@@ -5,7 +5,8 @@ doorbell: on each one the consumer reads, from PostgreSQL (`console.runs.live`),
 newer than this connection's cursors and sends it as one delta. Doorbells that ring while a
 read is in progress only mark the connection dirty, and one more read follows: a slow client
 (or a slow read) costs one read in flight per connection, never a queue of them, and the
-channel layer's buffer for this socket is drained at once.
+channel layer's buffer for this socket is drained at once. Pages of the same run at the same
+cursors (they received the same messages) share one read and its encoding (`shared_delta`).
 
 Messages to the browser (JSON): ``snapshot`` first, then ``delta``s, each with ``seq`` (1, 2,
 ... per connection) and the ``cursors`` to send back with ``resume``. A browser that
