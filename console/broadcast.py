@@ -97,7 +97,9 @@ def _broadcast_logged(group: str, event: str, payload: dict[str, Any]) -> None:
 # for Redis once per batch (that was a quarter of the sink's time). Bounded; when full, new
 # notices are dropped and counted: pages re-read PostgreSQL, the source of truth, anyway.
 _SOON_MAX = 10_000
-_soon: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue(maxsize=_SOON_MAX)
+# (group, event, payload, doorbell): a doorbell's payload means nothing to its receivers (they
+# re-read the database), so doorbells for one group waiting together go out as one.
+_soon: queue.Queue[tuple[str, str, dict[str, Any], bool]] = queue.Queue(maxsize=_SOON_MAX)
 _soon_thread: threading.Thread | None = None
 _soon_lock = threading.Lock()
 dropped_notices = 0
@@ -105,13 +107,27 @@ dropped_notices = 0
 
 def _send_soon_forever() -> None:
     while True:
-        group, event, payload = _soon.get()
-        _broadcast_logged(group, event, payload)
-        _soon.task_done()
+        waiting = [_soon.get()]
+        while True:  # everything queued meanwhile (a transaction's notices arrive together)
+            try:
+                waiting.append(_soon.get_nowait())
+            except queue.Empty:
+                break
+        last_doorbell = {item[0]: i for i, item in enumerate(waiting) if item[3]}
+        for i, (group, event, payload, doorbell) in enumerate(waiting):
+            # A doorbell goes out where its group's last one was: after every row it announces.
+            if not doorbell or last_doorbell[group] == i:
+                _broadcast_logged(group, event, payload)
+        for _ in waiting:
+            _soon.task_done()
 
 
-def broadcast_soon(group: str, event: str, payload: dict[str, Any]) -> None:
-    """Send from a background thread, in order, without waiting for Redis."""
+def broadcast_soon(
+    group: str, event: str, payload: dict[str, Any], *, doorbell: bool = False
+) -> None:
+    """Send from a background thread, in order, without waiting for Redis. A `doorbell` (a
+    notice whose receivers only re-read what is newer) is sent once for all the doorbells of
+    its group that are waiting together."""
     global _soon_thread, dropped_notices
     with _soon_lock:
         if _soon_thread is None or not _soon_thread.is_alive():
@@ -120,7 +136,7 @@ def broadcast_soon(group: str, event: str, payload: dict[str, Any]) -> None:
             )
             _soon_thread.start()
     try:
-        _soon.put_nowait((group, event, payload))
+        _soon.put_nowait((group, event, payload, doorbell))
     except queue.Full:
         dropped_notices += 1
 
@@ -133,12 +149,15 @@ def flush_soon(timeout: float = 5.0) -> None:
 
 
 def broadcast_on_commit(
-    group: str, event: str, payload: dict[str, Any], *, wait: bool = True
+    group: str, event: str, payload: dict[str, Any], *, wait: bool = True, doorbell: bool = False
 ) -> None:
     """Send once the current transaction commits (at once when there is none); with
-    ``wait=False`` from a background thread (`broadcast_soon`)."""
-    send = _broadcast_logged if wait else broadcast_soon
-    transaction.on_commit(lambda: send(group, event, payload))
+    ``wait=False`` from a background thread (`broadcast_soon`, where a `doorbell` is
+    coalesced with its group's others)."""
+    if wait:
+        transaction.on_commit(lambda: _broadcast_logged(group, event, payload))
+    else:
+        transaction.on_commit(lambda: broadcast_soon(group, event, payload, doorbell=doorbell))
 
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):

@@ -22,7 +22,7 @@
     // rollouts
     { id: "length", title: "Response length (response_length/mean)", match: one("response_length/mean") },
     { id: "length-clip", title: "Response clip ratio (response_length/clip_ratio)", match: one("response_length/clip_ratio") },
-    { id: "zero", title: "Zero-variance groups (frac_reward_zero_std)", match: one("frac_reward_zero_std") },
+    { id: "zero", title: "Zero-variance groups and discarded samples (fraction)", match: (k) => k === "frac_reward_zero_std" || k === "batch/discarded_fraction" },
     // the system
     { id: "throughput", title: "Throughput (perf/throughput, tokens/s)", match: one("perf/throughput") },
     { id: "timing", title: "Stage timings (timing_s/…, s)", match: (k) => /^timing_s\//.test(k) },

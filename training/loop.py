@@ -664,6 +664,9 @@ class _Run:
         started = time.perf_counter()
         recomputed = self.recompute(rollouts.trained, algorithm)
         advantages = compute_step_advantages(rollouts.trained, recomputed, algorithm, self.kl_coef)
+        for sample, kept in zip(rollouts.trained, advantages.keep, strict=True):
+            if not kept:
+                sample.discarded = "zero_variance"
         batch = build_update_batch(
             rollouts.trained, advantages, recomputed, reuse=self.reuses_batch
         )
@@ -768,6 +771,10 @@ class _Run:
         metrics.update(update.metrics())
         metrics.update(advantages.metrics)
         metrics.update(rollouts.metrics)
+        if trajectories:
+            metrics["batch/discarded_fraction"] = sum(
+                1 for t in trajectories if t["discarded"]
+            ) / len(trajectories)
         metrics.update(timings)
         metrics["perf/throughput"] = metrics["perf/num_tokens"] / max(
             timings["timing_s/step"], 1e-9
@@ -855,6 +862,12 @@ class _Run:
         share = len(shard_groups(per_round, self.rank, self.world))
         chosen = set(varied_groups[:share])
         trained = [s for s in samples if s.group in chosen]
+        varied = set(varied_groups)
+        for s in samples:
+            if s.group not in chosen:
+                # Drawn but not trained on: flat rewards, or more varied groups than the batch
+                # holds (the surplus of the last round).
+                s.discarded = "batch_full" if s.group in varied else "zero_variance"
         generation = {
             "batch/generation_rounds": float(rounds),
             "batch/varied_groups": float(varied_total),
@@ -899,6 +912,7 @@ class _Run:
                 "observations": s.observations,
                 "reward": {"total": s.reward, "breakdown": s.breakdown, "details": s.details},
                 "finish_reason": s.finish_reason,
+                "discarded": s.discarded,
                 "response_tokens": len(s.response_ids),
                 "task_id": s.task.get("metadata", {}).get("task_id"),
                 "provenance": {

@@ -8,6 +8,8 @@ From the samples of a step (`SampleRecord`, gathered from every rank):
 - ``pass_rate`` and ``pass_rate/<domain>`` (reward total >= the domain's ``pass_threshold``).
 - ``response_length/mean``, ``response_length/clip_ratio`` (stopped by the token limit).
 - ``frac_reward_zero_std`` (TRL): the fraction of groups whose rewards were all equal.
+- ``batch/discarded_fraction``: the share of the step's samples it did not train on (their
+  trajectories carry ``discarded``, the reason: `training.trajectory.DISCARD_REASONS`).
 - ``mix/<domain>/weight`` and ``mix/<domain>/prompts``: the mix that was actually drawn.
 
 From the trainer: ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/kl``, ``actor/kl_loss``,

@@ -69,6 +69,8 @@ class Sample:
     reward: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    # Why the step did not train on it (`training.trajectory.DISCARD_REASONS`); None if it did.
+    discarded: str | None = None
 
     def pieces(self) -> list[tuple[list[int], list[int], list[float]]]:
         """``(context, response, rollout log-probs)`` of each assistant turn (one piece for a

@@ -24,10 +24,19 @@ __all__ = [
     "Observation",
     "Provenance",
     "Reward",
+    "DISCARD_REASONS",
     "ToolCall",
     "Trajectory",
     "trajectory_json_schema",
 ]
+
+
+# Why a step did not train on a sample it generated (the sample is still reported):
+# "zero_variance": its group's rewards were all equal and the algorithm drops such groups
+# (``filter_zero_variance_groups``, DAPO), or dynamic sampling passed over it for that reason;
+# "batch_full": dynamic sampling (``batch.max_generation_rounds`` > 1) drew it, but the batch
+# already held enough groups with varied rewards.
+DISCARD_REASONS = ("zero_variance", "batch_full")
 
 
 class FunctionCall(msgspec.Struct, frozen=True):
@@ -102,7 +111,10 @@ class Trajectory(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``messages`` is the OpenAI-style chat (without tools: the user turn and the answer);
     ``prompt`` the text given to the engine; ``completion`` the final response text;
     ``observations`` one per tool call (empty without tools); ``task_id`` is the task's
-    ``metadata.task_id`` (the console puts its registry task id there), or None.
+    ``metadata.task_id`` (the console puts its registry task id there), or None;
+    ``discarded`` is why the step did not train on the sample (`DISCARD_REASONS`), None when
+    it did (a group-relative estimator still trains on a zero-variance group, at advantage 0,
+    unless the algorithm drops such groups).
     """
 
     messages: list[Message]
@@ -114,6 +126,7 @@ class Trajectory(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     response_tokens: int
     task_id: str | int | None
     provenance: Provenance
+    discarded: Literal["zero_variance", "batch_full"] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The plain-dict form sinks receive (what ``json.loads(to_json())`` gives)."""

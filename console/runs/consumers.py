@@ -5,7 +5,8 @@ doorbell: on each one the consumer reads, from PostgreSQL (`console.runs.live`),
 newer than this connection's cursors and sends it as one delta. Doorbells that ring while a
 read is in progress only mark the connection dirty, and one more read follows: a slow client
 (or a slow read) costs one read in flight per connection, never a queue of them, and the
-channel layer's buffer for this socket is drained at once.
+channel layer's buffer for this socket is drained at once. Pages of the same run at the same
+cursors (they received the same messages) share one read and its encoding (`shared_delta`).
 
 Messages to the browser (JSON): ``snapshot`` first, then ``delta``s, each with ``seq`` (1, 2,
 ... per connection) and the ``cursors`` to send back with ``resume``. A browser that
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -32,6 +35,48 @@ from console.runs.models import Run
 from console.status.metrics import websocket_clients
 
 RESUME_WAIT_S = 5.0
+
+
+@dataclass
+class _Read:
+    """One delta read from PostgreSQL, shared by every connection of this process that watches
+    the same run from the same cursors (pages that received the same messages are in lockstep:
+    50 pages cost one read per doorbell, not 50). ``text`` is the message as JSON without its
+    closing brace, so each connection only appends its own ``seq``."""
+
+    started: float
+    task: asyncio.Task[tuple[dict[str, Any], str]]
+
+
+_reads: dict[tuple[int, str], _Read] = {}
+
+
+async def _read_delta(run_id: int, cursors: live.Cursors) -> tuple[dict[str, Any], str]:
+    message = await database_sync_to_async(live.delta)(run_id, cursors)
+    text = json.dumps(message)
+    return message, text[:-1]
+
+
+async def shared_delta(
+    run_id: int, cursors: live.Cursors, rang_at: float
+) -> tuple[dict[str, Any], str]:
+    """The delta after `cursors`, from a read that started no earlier than `rang_at` (the
+    doorbell this connection answers: a read that began before it might not see that commit),
+    joining one in flight when there is such a read."""
+    loop = asyncio.get_running_loop()
+    key = (run_id, json.dumps(cursors, sort_keys=True))
+    read = _reads.get(key)
+    if read is None or read.started < rang_at:
+        read = _Read(started=loop.time(), task=loop.create_task(_read_delta(run_id, cursors)))
+        _reads[key] = read
+
+        def forget(_: Any, key: tuple[int, str] = key, read: _Read = read) -> None:
+            if _reads.get(key) is read:
+                del _reads[key]
+
+        read.task.add_done_callback(forget)
+    # Shielded: one page leaving must not cancel the read the others wait for.
+    return await asyncio.shield(read.task)
 
 
 def _team_of_run(pk: int) -> int | None:
@@ -48,6 +93,7 @@ class RunLiveConsumer(TeamGroupConsumer):
     cursors: live.Cursors | None = None
     seq = 0
     dirty = False
+    rang_at = 0.0  # when the newest doorbell arrived (loop time)
     answer_resume = False
     last_facts: tuple[Any, ...] | None = None
     reader: asyncio.Task[None] | None = None
@@ -84,11 +130,16 @@ class RunLiveConsumer(TeamGroupConsumer):
                     await task
         await super().disconnect(code)
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: dict[str, Any], text: str | None = None) -> None:
+        """Sends `message` with this connection's next ``seq``; `text` is the message already
+        encoded, without its closing brace (a shared read encodes once for every page)."""
         self.seq += 1
         self.cursors = message["cursors"]
         self.last_facts = self._facts(message)
-        await self.send_json({**message, "seq": self.seq})
+        if text is None:
+            await self.send_json({**message, "seq": self.seq})
+        else:
+            await self.send(text_data=f'{text},"seq":{self.seq}}}')
 
     async def _send_snapshot(self) -> None:
         await self._send(await database_sync_to_async(live.snapshot)(self.run_id))
@@ -112,11 +163,14 @@ class RunLiveConsumer(TeamGroupConsumer):
             self.waiting_for_resume = None
         self.cursors = since
         self.answer_resume = True
-        self.dirty = True
-        self._kick()
+        self._ring()
 
     async def broadcast_event(self, message: dict[str, Any]) -> None:
+        self._ring()
+
+    def _ring(self) -> None:
         self.dirty = True
+        self.rang_at = asyncio.get_running_loop().time()
         self._kick()
 
     def _kick(self) -> None:
@@ -129,10 +183,10 @@ class RunLiveConsumer(TeamGroupConsumer):
     async def _read_while_dirty(self) -> None:
         while self.dirty and self.cursors is not None:
             self.dirty = False
-            message = await database_sync_to_async(live.delta)(self.run_id, self.cursors)
+            message, text = await shared_delta(self.run_id, self.cursors, self.rang_at)
             if message["type"] == "snapshot" or self.answer_resume or self._news(message):
                 self.answer_resume = False
-                await self._send(message)
+                await self._send(message, text)
             else:
                 self.cursors = message["cursors"]
 

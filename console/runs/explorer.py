@@ -32,6 +32,7 @@ from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.db.models.functions import Cast, Coalesce, Left
 
 from console.runs.models import Run, TrajectoryRecord
+from training.trajectory import DISCARD_REASONS
 
 PAGE_SIZE = 50
 COMPLETION_CHARS = 160
@@ -41,6 +42,12 @@ SAME_TASK_ROWS = 200
 ADVANTAGE_EPSILON = 1e-6
 FINISH_REASONS = ("stop", "length")
 TOOL_CHOICES = ("with", "without")
+# The "discarded" filter: any reason, trained-on samples only, or one reason.
+DISCARD_CHOICES = ("yes", "no", *DISCARD_REASONS)
+DISCARD_LABELS = {
+    "zero_variance": "zero variance (the group's rewards were all equal)",
+    "batch_full": "batch full (dynamic sampling drew more varied groups than it trains on)",
+}
 
 
 # --- filters --------------------------------------------------------------------------------
@@ -75,6 +82,7 @@ class Filters:
     tools: str = ""  # "with" | "without" | "" (either)
     criterion: str = ""
     criterion_min: float | None = None
+    discarded: str = ""  # DISCARD_CHOICES, or "" (trained on or not)
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -98,6 +106,10 @@ class Filters:
         if tools and tools not in TOOL_CHOICES:
             ignored.append("tools")
             tools = ""
+        discarded = (query.get("discarded") or "").strip()
+        if discarded and discarded not in DISCARD_CHOICES:
+            ignored.append("discarded")
+            discarded = ""
         return cls(
             step=number("step", _int),
             domain=(query.get("domain") or "").strip()[:64],
@@ -107,6 +119,7 @@ class Filters:
             tools=tools,
             criterion=(query.get("criterion") or "").strip()[:200],
             criterion_min=number("criterion_min", _float),
+            discarded=discarded,
             ignored=tuple(ignored),
         )
 
@@ -121,6 +134,7 @@ class Filters:
             "tools": self.tools,
             "criterion": self.criterion,
             "criterion_min": self.criterion_min,
+            "discarded": self.discarded,
         }
         return {k: str(v) for k, v in values.items() if v is not None and v != ""}
 
@@ -160,6 +174,12 @@ def filtered(run: Run, filters: Filters) -> QuerySet[TrajectoryRecord]:
         rows = rows.filter(reward__lte=filters.max_reward)
     if filters.finish:
         rows = rows.filter(finish_reason=filters.finish)
+    if filters.discarded == "yes":
+        rows = rows.exclude(discarded="")
+    elif filters.discarded == "no":
+        rows = rows.filter(discarded="")
+    elif filters.discarded:
+        rows = rows.filter(discarded=filters.discarded)
     if filters.tools:
         rows = rows.alias(tool_count=_tool_calls())
         rows = (
@@ -414,6 +434,7 @@ def sample_view(run: Run, record: TrajectoryRecord) -> dict[str, Any]:
         ],
         "reward_total": reward.get("total", record.reward),
         "provenance": provenance,
+        "discarded_label": DISCARD_LABELS.get(record.discarded, record.discarded),
         "group": provenance.get("group"),
         "rubric_link": rubric_link(run, record),
     }

@@ -26,6 +26,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
+from console.runs import rollup
 from console.runs.models import PER_STEP_EVENT_KINDS, MetricRow, Run, RunEvent, TrajectoryRecord
 
 # The metric keys drawn as charts (names from training/metrics.py).
@@ -37,7 +38,7 @@ CHART_KEY = re.compile(
     r"|eval/reward/mean|eval/reward/[^/]+/mean|eval/pass_rate(?:/[^/]+)?"
     r"|actor/kl|actor/entropy|actor/grad_norm|actor/pg_clipfrac"
     r"|response_length/mean|response_length/clip_ratio"
-    r"|frac_reward_zero_std|perf/throughput"
+    r"|frac_reward_zero_std|batch/discarded_fraction|perf/throughput"
     r"|timing_s/[^/]+"
     r")$"
 )
@@ -115,10 +116,12 @@ def _trajectory_rows(run_id: int) -> Any:
 
 
 def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, list[list[float]]]:
-    """Every chart key's points ``[step, value]`` in step order; when a run has more steps than
-    `max_points`, steps fall into `max_points // 2` equal buckets and each bucket keeps its
-    minimum and its maximum (so spikes survive), plus the series' last point (where the live
-    points continue). Done in PostgreSQL: a run of 100k steps costs one query."""
+    """Every chart key's points ``[step, value]`` in step order. A run of at most `max_points`
+    steps is read from its rows, every point. A longer one is read from the buckets the sink
+    keeps (`console.runs.rollup`: fixed widths, the narrowest that spans the run in at most
+    `max_points // 2` buckets): each bucket's minimum and maximum (so spikes survive), plus
+    the series' last point (where the live points continue). A run of 100k steps costs two
+    small queries, not a pass over its 10M values."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT min(step), max(step), count(*) FROM runs_metric WHERE run_id = %s", [run_id]
@@ -127,33 +130,28 @@ def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, l
         if not count:
             return {}
         buckets = max(max_points // 2, 1)
-        width = 1 if count <= max_points else math.ceil((high - low + 1) / buckets)
+        if count > max_points:
+            return rollup.series(run_id, low, high, buckets)
+        # Every point is kept: one row per key with its steps and values in step order (far
+        # fewer rows to hand over than one per point).
         cursor.execute(
             """
-            WITH points AS (
-                SELECT kv.key, m.step, (kv.value #>> '{}')::float8 AS value,
-                       (m.step - %(low)s) / %(width)s AS bucket
-                FROM runs_metric m, jsonb_each(m."values") kv
-                WHERE m.run_id = %(run)s AND jsonb_typeof(kv.value) = 'number'
-                  AND kv.key ~ %(pattern)s
-            ), ranked AS (
-                SELECT key, step, value,
-                  row_number() OVER (PARTITION BY key, bucket ORDER BY value, step) AS lowest,
-                  row_number() OVER (PARTITION BY key, bucket ORDER BY value DESC, step)
-                    AS highest,
-                  row_number() OVER (PARTITION BY key ORDER BY step DESC) AS newest
-                FROM points
-            )
-            SELECT key, step, value FROM ranked
-            WHERE lowest = 1 OR highest = 1 OR newest = 1
-            ORDER BY key, step
+            SELECT kv.key, array_agg(m.step ORDER BY m.step),
+                   array_agg((kv.value #>> '{}')::float8 ORDER BY m.step)
+            FROM runs_metric m, jsonb_each(m."values") kv
+            WHERE m.run_id = %(run)s AND jsonb_typeof(kv.value) = 'number'
+              AND kv.key ~ %(pattern)s
+            GROUP BY kv.key
+            ORDER BY kv.key
             """,
-            {"run": run_id, "low": low, "width": width, "pattern": CHART_KEY_SQL},
+            {"run": run_id, "pattern": CHART_KEY_SQL},
         )
         series: dict[str, list[list[float]]] = {}
-        for key, step, value in cursor.fetchall():
-            if math.isfinite(value):
-                series.setdefault(key, []).append([step, value])
+        for key, steps, values in cursor.fetchall():
+            points = [[step, value] for step, value in zip(steps, values, strict=True)]
+            finite = [point for point in points if math.isfinite(point[1])]
+            if finite:
+                series[key] = finite
         return series
 
 

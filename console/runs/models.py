@@ -15,6 +15,8 @@ import json
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 
 from console.accounts.models import Team
 from console.registry.models import ObjectVersion, VersionedObject, version_constraints
@@ -125,6 +127,9 @@ class Run(models.Model):
     max_steps = models.PositiveIntegerField(default=0)
     # Trajectories the library's queue dropped because the database fell behind (shown).
     dropped_trajectories = models.PositiveIntegerField(default=0)
+    # Trajectories stored (kept by the sink in the transactions that insert and delete them):
+    # the run page shows it without counting a million rows.
+    trajectories_stored = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -228,6 +233,8 @@ class TrajectoryRecord(models.Model):
     rubric_version = models.PositiveIntegerField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16)
     response_tokens = models.PositiveIntegerField()
+    # Why the step did not train on it (training.trajectory.DISCARD_REASONS); "" if it did.
+    discarded = models.CharField(max_length=32, blank=True, default="")
     data = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -243,6 +250,12 @@ class TrajectoryRecord(models.Model):
             models.Index(fields=["run", "domain", "reward"], name="trajectory_domain"),
             # The ops page's ingest rate reads the newest minute.
             models.Index(fields=["created_at"], name="trajectory_created"),
+            # The explorer's discarded samples, newest steps first (few rows: a partial index).
+            models.Index(
+                fields=["run", "step", "index"],
+                condition=~Q(discarded=""),
+                name="trajectory_discarded",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -285,6 +298,33 @@ class Checkpoint(models.Model):
         return f"run {self.run_id} step {self.step} ({self.reason})"
 
 
+class MetricRollup(models.Model):
+    """A chart key's lowest, highest and newest value in one bucket of `width` steps of a run
+    (`console.runs.rollup`: the snapshot of a long run reads these, not every step)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    key = models.TextField()
+    width = models.PositiveIntegerField()
+    bucket = models.PositiveIntegerField()
+    low = models.FloatField()
+    low_step = models.PositiveIntegerField()
+    high = models.FloatField()
+    high_step = models.PositiveIntegerField()
+    last = models.FloatField()
+    last_step = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "runs_metric_rollup"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "width", "key", "bucket"], name="metric_rollup_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.key} x{self.width} #{self.bucket}"
+
+
 # Events a run records every step (the stage timeline): kept for the step views, left out of
 # the event lists and chart markers, which are for what happens now and then.
 PER_STEP_EVENT_KINDS = ("step.timeline",)
@@ -302,6 +342,23 @@ class RunEvent(models.Model):
 
     class Meta:
         ordering = ["run", "id"]
+        indexes = [
+            # The newest events of a run without its per-step ones (the page, the snapshot).
+            models.Index(
+                "run",
+                models.F("id").desc(),
+                condition=~Q(kind__in=PER_STEP_EVENT_KINDS),
+                name="runevent_newest",
+            ),
+            # One step's timeline, the steps that have one, and the slowest.
+            models.Index(fields=["run", "kind", "step"], name="runevent_kind_step"),
+            models.Index(
+                "run",
+                Cast(KT("data__step_s"), models.FloatField()).desc(),
+                condition=Q(kind="step.timeline"),
+                name="runevent_slowest_steps",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} (run {self.run_id})"

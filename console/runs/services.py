@@ -64,7 +64,8 @@ def notify(
     payload = {"run": run.pk, **payload}
     if to_lists:
         broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload, wait=wait)
-    broadcast_on_commit(run_group(run.pk), event, payload, wait=wait)
+    # The run's page only rings its reader (`RunLiveConsumer` reads what is newer): doorbells.
+    broadcast_on_commit(run_group(run.pk), event, payload, wait=wait, doorbell=True)
 
 
 def record_event(

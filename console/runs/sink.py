@@ -24,7 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from console.runs import services
+from console.runs import rollup, services
 from console.runs.models import (
     PER_STEP_EVENT_KINDS,
     Attempt,
@@ -48,6 +48,7 @@ TRAJECTORY_COLUMNS = (
     "rubric_version",
     "finish_reason",
     "response_tokens",
+    "discarded",
     "data",
     "created_at",
 )
@@ -98,6 +99,7 @@ def trajectory_row(
         rubric_version if isinstance(rubric_version, int) else None,
         str(item.get("finish_reason", ""))[:16],
         int(item.get("response_tokens", 0)),
+        str(item.get("discarded") or "")[:32],
         _json(item),
         now,
     )
@@ -178,6 +180,9 @@ class ConsoleSink:
             rows.append(trajectory_row(self.run.pk, self.attempt.pk, index, item, now))
         with transaction.atomic():
             inserted = copy_trajectory_rows(rows)
+            Run.objects.filter(pk=self.run.pk).update(
+                trajectories_stored=F("trajectories_stored") + inserted
+            )
             steps = sorted({row[2] for row in rows})
             services.notify(
                 self.run,
@@ -198,6 +203,7 @@ class ConsoleSink:
                 "updated_at = now()",
                 [self.run.pk, step, _json(clean)],
             )
+            rollup.record(self.run.pk, step, _json(clean))
             Run.objects.filter(pk=self.run.pk, last_step__lt=step).update(last_step=step)
             services.notify(
                 self.run,
@@ -230,8 +236,12 @@ class ConsoleSink:
             if kind == "run.started":
                 start = int(data.get("step") or 0)
                 # Steps after the checkpoint this attempt resumed from are produced again.
-                TrajectoryRecord.objects.filter(run=self.run, step__gt=start).delete()
+                deleted, _ = TrajectoryRecord.objects.filter(run=self.run, step__gt=start).delete()
+                Run.objects.filter(pk=self.run.pk).update(
+                    trajectories_stored=F("trajectories_stored") - deleted
+                )
                 MetricRow.objects.filter(run=self.run, step__gt=start).delete()
+                rollup.truncate(self.run.pk, start)
                 # The re-run steps' timelines come again too (the lost attempt's are moot).
                 RunEvent.objects.filter(
                     run=self.run, kind__in=PER_STEP_EVENT_KINDS, step__gt=start

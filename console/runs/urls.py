@@ -50,3 +50,15 @@ urlpatterns = [
     path("models/<int:pk>/versions/<int:number>/", views.model_version, name="model_version"),
     path("hosts/", views.host_list, name="host_list"),
 ]
+
+# The step timeline (console.runs.step_views), imported here to keep this block on its own.
+from console.runs import step_views  # noqa: E402
+
+urlpatterns += [
+    path("runs/<int:pk>/steps/", step_views.step_list, name="step_list"),
+    path(
+        "runs/<int:pk>/steps/<int:step>/timeline/",
+        step_views.step_timeline,
+        name="step_timeline",
+    ),
+]

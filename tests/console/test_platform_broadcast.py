@@ -113,3 +113,46 @@ def test_notices_sent_without_waiting_arrive_in_order_after_commit():
 
     received = async_to_sync(listen)(20)
     assert [message["payload"]["i"] for message in received] == list(range(20))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doorbells_committed_together_ring_at_least_once_and_last_after_every_row():
+    import asyncio
+
+    from channels.layers import get_channel_layer
+    from django.db import transaction
+
+    from console.broadcast import flush_soon
+
+    layer = get_channel_layer()
+
+    async def listen() -> list[dict]:
+        channel = await layer.new_channel()
+        await layer.group_add("run.test-doorbell", channel)
+        await layer.group_add("run.test-notices", channel)
+        await sync_to_async(send)()
+        received = []
+        while True:
+            try:
+                received.append(await asyncio.wait_for(layer.receive(channel), timeout=2.0))
+            except TimeoutError:
+                break
+        await layer.group_discard("run.test-doorbell", channel)
+        await layer.group_discard("run.test-notices", channel)
+        return received
+
+    def send() -> None:
+        with transaction.atomic():
+            for index in range(50):
+                broadcast_on_commit(
+                    "run.test-doorbell", "run.event", {"i": index}, wait=False, doorbell=True
+                )
+                broadcast_on_commit("run.test-notices", "run.event", {"n": index}, wait=False)
+        flush_soon()
+
+    received = async_to_sync(listen)()
+    rings = [m["payload"]["i"] for m in received if "i" in m["payload"]]
+    notices = [m["payload"]["n"] for m in received if "n" in m["payload"]]
+    # Every plain notice, in order; the doorbells at least once, the last one last.
+    assert notices == list(range(50))
+    assert 1 <= len(rings) <= 50 and rings[-1] == 49 and rings == sorted(rings)

@@ -74,6 +74,7 @@ def concrete(path: str, registry: Registry) -> str:
         "rubric_id": registry.rubric.pk,
         "image_id": registry.image.pk,
         "number": 1,
+        "step": 1,
         **getattr(registry, "ids", {}),
     }
     return re.sub(r"\{(\w+)\}", lambda match: str(ids[match.group(1)]), path)

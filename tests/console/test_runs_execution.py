@@ -264,3 +264,5 @@ def test_a_killed_job_resumes_from_its_checkpoint_on_the_same_host(cluster, pari
     counts = per_step_counts(final.pk)
     assert sorted(counts) == list(range(1, 11))
     assert set(counts.values()) == {16}
+    # The count the run page shows is the rows kept: the lost attempt's redone steps left it.
+    assert final.trajectories_stored == 10 * 16

@@ -16,8 +16,8 @@ from django.test import Client
 
 from console.asgi import application
 from console.broadcast import flush_soon
-from console.runs import live, services
-from console.runs.models import Attempt, Host, MetricRow, Run, RunEvent
+from console.runs import live, rollup, services
+from console.runs.models import Attempt, Host, MetricRollup, MetricRow, Run, RunEvent
 from console.runs.sink import ConsoleSink
 from tests.console.factories import ANONYMOUS, EVERYONE, OWNER, READERS
 
@@ -379,19 +379,52 @@ def test_downsampling_keeps_each_buckets_min_and_max_and_bounds_the_points(
         MetricRow(run_id=attempt.run_id, step=s, values={"reward/mean": v, "actor/kl": 1.0})
         for s, v in values.items()
     )
+    rollup.rebuild(attempt.run_id)  # rows stored without the sink (which keeps the buckets)
     series = live.downsampled_series(attempt.run_id)
     points = series["reward/mean"]
-    assert len(points) <= live.MAX_POINTS + 1
+    assert live.MAX_POINTS // 4 <= len(points) <= live.MAX_POINTS + 1
     assert len(series["actor/kl"]) <= live.MAX_POINTS + 1
     assert [p[0] for p in points] == sorted({p[0] for p in points})
     kept = {step for step, _ in points}
     assert {777, 12_345, 20_000} <= kept
-    width = -(-20_000 // (live.MAX_POINTS // 2))
-    for start in range(1, 20_001, width):
-        bucket = {s: values[s] for s in range(start, min(start + width, 20_001))}
+    width = rollup.width_for(1, 20_000, live.MAX_POINTS // 2)
+    for start in range(0, 20_001, width):
+        bucket = {s: values[s] for s in range(max(start, 1), min(start + width, 20_001))}
         assert min(bucket, key=lambda s: (bucket[s], s)) in kept
-        assert max(bucket, key=lambda s: (bucket[s], -s)) in kept
+        assert max(bucket, key=lambda s: (bucket[s], s)) in kept
     assert all(value == values[step] for step, value in points)
+
+
+def test_the_sink_keeps_the_buckets_a_rebuild_would_make_also_across_a_restart(
+    attempt: Attempt,
+) -> None:
+    rng = random.Random(3)
+    sink = ConsoleSink(attempt)
+    for step in range(1, 1_501):
+        sink.metrics(step, {"reward/mean": rng.random(), "actor/kl": rng.random(), "x/y": 1.0})
+        if step % 7 == 0:  # held-out evaluation merges into the same step
+            sink.metrics(step, {"eval/reward/mean": rng.random()})
+    # A new attempt resumes from step 1,000: steps after it are produced again, differently.
+    sink.event("run.started", {"step": 1_000})
+    for step in range(1_001, 1_201):
+        sink.metrics(step, {"reward/mean": 2.0 + rng.random(), "actor/kl": rng.random()})
+
+    def buckets() -> list[tuple[Any, ...]]:
+        return sorted(
+            MetricRollup.objects.filter(run_id=attempt.run_id).values_list(
+                "key", "width", "bucket", "low", "low_step", "high", "high_step", "last",
+                "last_step",
+            )
+        )  # fmt: skip
+
+    kept = buckets()
+    assert {row[0] for row in kept} == {"reward/mean", "actor/kl", "eval/reward/mean"}
+    assert max(row[8] for row in kept) == 1_200
+    snapshot = live.downsampled_series(attempt.run_id)
+    rollup.rebuild(attempt.run_id)
+    assert buckets() == kept
+    assert all(value >= 2.0 for step, value in snapshot["reward/mean"] if step > 1_000)
+    assert snapshot["reward/mean"][-1][0] == 1_200
 
 
 def test_a_short_run_is_not_downsampled(attempt: Attempt) -> None:

@@ -64,6 +64,8 @@ def test_trajectories_land_once_even_when_a_batch_is_written_twice(attempt):
     again = ConsoleSink(attempt)
     again.trajectories(batch)
     assert TrajectoryRecord.objects.filter(run=attempt.run).count() == 4
+    # The run's count (what its page shows) is what was stored, a retry not counted twice.
+    assert Run.objects.get(pk=attempt.run_id).trajectories_stored == 4
 
 
 def test_metrics_of_one_step_merge_and_nan_is_stored_as_null(attempt):
@@ -91,6 +93,7 @@ def test_a_resumed_attempt_drops_what_the_lost_one_wrote_after_its_checkpoint(at
         TrajectoryRecord.objects.filter(run=attempt.run).values_list("step", flat=True)
     ) == [1, 1, 2, 2]
     assert list(MetricRow.objects.filter(run=attempt.run).values_list("step", flat=True)) == [1, 2]
+    assert Run.objects.get(pk=attempt.run_id).trajectories_stored == 4
 
 
 def test_dropped_trajectories_are_counted_on_the_run(attempt):

@@ -243,8 +243,10 @@ def test_two_ranks_agree_on_maxima_sums_and_token_means():
 # ------------------------------------------------------------------ what a step reports
 
 # Every metric a GRPO step (KL in the loss, two domains) reported before the step was split
-# into stages: dashboards, the collapse detector and the console read them by name.
+# into stages (plus batch/discarded_fraction, added with the discarded samples' page):
+# dashboards, the collapse detector and the console read them by name.
 GRPO_STEP_METRICS = {
+    "batch/discarded_fraction",
     *("actor/entropy", "actor/grad_norm", "actor/kl", "actor/kl_coef", "actor/kl_loss"),
     *("actor/lr", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/pg_loss"),
     *("actor/ppo_kl", "batch/kept_fraction", "critic/advantages/mean", "critic/score/mean"),

@@ -48,6 +48,7 @@ def _tool_use_trajectory() -> dict[str, Any]:
         "finish_reason": "stop",
         "response_tokens": 17,
         "task_id": "pow-10",
+        "discarded": None,
         "provenance": {
             "run": "tiny",
             "step": 1,
@@ -86,6 +87,17 @@ def test_a_drifted_or_missing_key_is_refused():
         Trajectory.from_dict(missing)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(drifted, trajectory_json_schema())
+
+
+def test_a_discard_reason_is_one_the_loop_knows_and_may_be_left_out():
+    older = _tool_use_trajectory()
+    del older["discarded"]  # what a loop sent before it reported discarded samples
+    assert Trajectory.from_dict(older).discarded is None
+    dropped = {**_tool_use_trajectory(), "discarded": "zero_variance"}
+    assert Trajectory.from_dict(dropped).to_dict() == dropped
+    jsonschema.validate(dropped, trajectory_json_schema())
+    with pytest.raises(msgspec.ValidationError, match="discarded"):
+        Trajectory.from_dict({**dropped, "discarded": "bored"})
 
 
 def test_numpy_values_in_rubric_details_are_reported_as_plain_numbers():
