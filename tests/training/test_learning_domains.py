@@ -30,8 +30,8 @@ from training.presets import learning_run_dict
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("algorithm", "seed", "micro_batch_tokens"),
-    # Two cases (12 minutes each on the shared 2-core box at load average 5-8, where parity's
-    # 64 steps took 1-8 minutes): the seeds measured in bench/README.md ("Learning").
+    # Two cases (226 s and 137 s on the shared 2-core box at load average 3-4; 12 minutes at
+    # 5-8): the seeds measured in bench/README.md ("Learning").
     [("grpo", 0, 4096), ("dapo", 1, 512)],
     ids=["grpo-s0", "dapo-s1"],
 )
