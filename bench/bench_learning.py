@@ -8,9 +8,9 @@ Every cell is one ``training.run(RunSpec, ...)`` from the demo model (the transf
 engine, DeepSpeed ZeRO-1, the domain's own rubric), so what is measured is what a console job
 runs. For each (domain, algorithm, lever, seed) it reports the greedy held-out mean reward on
 balanced test-split tasks at step 0 and at the end, whether the rise clears the learning
-test's bar (rise > max(3 SE, 0.25) on parity; > max(3 SE, 0.1) elsewhere), whether the run
-*collapsed* (the loop's ``run.collapsed`` event: entropy near zero and every group with equal
-rewards), and the first step whose periodic eval cleared the bar.
+test's bar (rise > max(3 SE, 0.25) on parity and json_format; > max(3 SE, 0.1) elsewhere),
+whether the run *collapsed* (the loop's ``run.collapsed`` event: entropy near zero and every
+group with equal rewards), and the first step whose periodic eval cleared the bar.
 
 Low bits: ``--threads`` and ``--micro-batch-tokens`` change the order of floating-point
 reductions (another machine's kernels do the same), so a setting that only works for one of
@@ -83,7 +83,9 @@ def apply_lever(data: dict[str, Any], lever: dict[str, Any]) -> dict[str, Any]:
 
 
 def bar(domain: str) -> float:
-    return 0.25 if domain == "parity" else 0.1
+    # parity and json_format: held-out sets balanced so that a policy that ignores the question
+    # scores exactly chance, and 0.25 is the learning test's margin; elsewhere a probe's.
+    return 0.25 if domain in ("parity", "json_format") else 0.1
 
 
 def one_cell(
@@ -137,8 +139,9 @@ def one_cell(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # parity alone by default: json_format, tool_calc and arithmetic do not learn yet with these
-    # settings (bench/README.md), so `make bench` would spend most of its time showing that.
+    # parity alone by default: json_format learns (--domains json_format) but needs 64 steps of
+    # 40-token answers (12 minutes a run on a loaded 2-core box); tool_calc and arithmetic do
+    # not learn yet with these settings (bench/README.md).
     parser.add_argument("--domains", nargs="+", default=["parity"])
     parser.add_argument("--algorithms", nargs="+", default=["grpo", "dapo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])

@@ -3,9 +3,11 @@ the console's demo launch start from.
 
 ``learning_run_dict(domain, algorithm=..., seed=..., steps=...)`` returns a plain run-spec dict
 (``RunSpec.from_dict`` takes it) for one demo domain: the domain's train tasks, a held-out set
-from its held-out split (balanced by answer where the answers are a few labels, so a policy that
-gives one answer to everything scores exactly chance), the domain's rubric, and the settings
-measured to learn on every seed (``bench/README.md``, "Learning").
+from its held-out split (balanced by answer where the answers are a few labels, or by the
+domain's ``balance_by`` label, so a policy that gives one answer to everything scores exactly
+chance), the domain's rubric, and the settings measured to learn (``bench/README.md``,
+"Learning"): on parity on every seed tried, on json_format with GRPO and DAPO on the seeds
+measured there.
 """
 
 from __future__ import annotations
@@ -18,14 +20,21 @@ HELD_OUT_TASKS = 64
 
 
 def balanced_held_out(domain: Any, n: int) -> list[dict[str, Any]]:
-    """``n`` held-out tasks; for a domain with few distinct answers (parity), as many of each
-    answer, so a constant policy scores exactly the chance level."""
+    """``n`` held-out tasks; for a domain with few distinct answers (parity) or a label a
+    policy could give to everything (json_format's naming, ``domain.balance_by``), as many of
+    each, so a constant policy scores exactly the chance level."""
     tasks = domain.make_tasks(4 * n, seed=0, split="held_out")
-    answers = sorted({str(t["ground_truth"]) for t in tasks})
-    if len(answers) > 4:
+
+    def label(task: dict[str, Any]) -> str:
+        if domain.balance_by:
+            return str(task["metadata"][domain.balance_by])
+        return str(task["ground_truth"])
+
+    labels = sorted({label(t) for t in tasks})
+    if len(labels) > 4:
         return tasks[:n]
-    per = n // len(answers)
-    return [t for a in answers for t in [t for t in tasks if str(t["ground_truth"]) == a][:per]]
+    per = n // len(labels)
+    return [t for a in labels for t in [t for t in tasks if label(t) == a][:per]]
 
 
 def learning_settings(

@@ -94,7 +94,7 @@ def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain, cl
 
 def test_warm_up_demonstrations_are_the_references_except_where_a_domain_guesses(closing):
     for domain in ALL_DOMAINS:
-        if domain.name != "parity":
+        if domain.name not in ("parity", "json_format"):  # json_format: the test below
             assert domain.sft_examples(5, seed=2) == domain.reference_completions(5, seed=2)
     parity = get_domain("parity")
     rubric = rewards.Rubric.from_spec(parity.rubric_spec)
@@ -121,11 +121,42 @@ def test_warm_up_demonstrations_are_the_references_except_where_a_domain_guesses
     assert 0.4 < sum(scores) / len(scores) < 0.6
 
 
-def test_json_answer_is_valid_json_with_the_right_total():
-    task = get_domain("json_format").make_tasks(1, seed=0, split="held_out")[0]
-    answer = json.loads(task["ground_truth"])
-    assert answer["total"] == answer["first"] + answer["second"]
-    assert f"{answer['first']} " in task["metadata"]["question"]
+def test_json_answer_has_the_names_asked_for_and_the_right_total():
+    domain = get_domain("json_format")
+    tasks = domain.make_tasks(40, seed=0, split="held_out")
+    for task in tasks:
+        first, second, total = task["ground_truth"]
+        answer = task["ground_truth"]
+        assert answer[total] == answer[first] + answer[second]
+        assert f"{answer[first]} " in task["metadata"]["question"]
+        assert f"giving {first}, {second} and {total}." in task["metadata"]["question"]
+    assert {t["metadata"]["naming"] for t in tasks} == {"first", "left"}
+
+
+def test_json_demonstrations_ignore_the_names_asked_for_and_the_rubric_pays_for_them():
+    """The warm-up's annotator used a naming drawn at random: the base writes either, and only
+    the rubric says which one the question asked for (its reference scores 1, the other
+    naming 0.1: well-formed, no field asked for)."""
+    domain = get_domain("json_format")
+    rubric = rewards.Rubric.from_spec(domain.rubric_spec)
+    tasks = domain.make_tasks(200, seed=0, split="train")
+    demonstrations = domain.sft_examples(200, seed=0)
+    followed = 0
+    for task, (_, completion) in zip(tasks, demonstrations, strict=True):
+        answer = json.loads(completion.removesuffix("<|end|>"))
+        assert list(answer.values()) == list(task["ground_truth"].values())
+        followed += list(answer) == list(task["ground_truth"])
+        score = rubric.score(
+            rewards.Sample(
+                domain="json_format",
+                prompt=task["prompt"],
+                completion=json.dumps(answer),
+                ground_truth=task["ground_truth"],
+            )
+        ).total
+        assert score == pytest.approx(1.0 if list(answer) == list(task["ground_truth"]) else 0.1)
+    # 200 coin flips: 0.5 ± 0.14 is four standard deviations.
+    assert 0.36 < followed / len(tasks) < 0.64
 
 
 def test_chat_rendering_matches_the_tokenizer_chat_template(demo_model_dir):  # noqa: F811

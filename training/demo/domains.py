@@ -5,8 +5,12 @@ and ``held_out`` sets by a hash of the task's identity, carries a rubric spec fo
 rewards library, and writes reference completions for the supervised warm-up of the demo model.
 
 - ``arithmetic`` — two-digit addition and subtraction, answer in ``\\boxed{}`` (math criterion).
-- ``json_format`` — a basket of fruit reported as a JSON object with a computed total
-  (JSON-schema criterion for the structure, exact match for the values).
+- ``json_format`` — a basket of fruit reported as a JSON object (the two counts and their
+  total) under the field names the question asks for, one of two namings (JSON-schema
+  criterion for the structure, ``labelled_values`` for each field asked for: partial credit).
+  Its warm-up demonstrations have the right values under a naming drawn at random, as if the
+  annotator ignored the requested names: the base writes either naming, and following the
+  request is for the rubric to teach (the addition in the total it half knows).
 - ``code`` — a one-line Python function described in words, checked by unit tests that run in
   a sandbox (``ground_truth`` is the list of asserts).
 - ``parity`` — whether a number is even or odd, answer in ``\\boxed{}``. Its warm-up
@@ -75,6 +79,10 @@ class DemoDomain:
     demonstrate: Callable[[random.Random, _Draft], str] | None = field(default=None, repr=False)
     # This domain's share of the warm-up relative to a full domain's (a fifth of the examples).
     warmup_weight: float = 1.0
+    # The metadata key holding what a policy that ignores the question would answer the same
+    # everywhere (json_format's naming), for held-out sets balanced over it; None: the
+    # ground truth itself, where it is one of a few labels (parity).
+    balance_by: str | None = None
 
     def make_tasks(self, n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
         """``n`` tasks of ``split`` ("train" or "held_out"); the two splits never share a task."""
@@ -170,31 +178,50 @@ ARITHMETIC_RUBRIC: dict[str, Any] = {
 
 _FRUITS = ("apples", "pears", "plums", "figs", "limes", "kiwis", "dates", "grapes")
 
-BASKET_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "first": {"type": "integer"},
-        "second": {"type": "integer"},
-        "total": {"type": "integer"},
-    },
-    "required": ["first", "second", "total"],
-    "additionalProperties": False,
-}
+# The field names the question asks for: one of two namings, drawn per task. Following the
+# requested names (a schema that comes with the request) is the skill RL teaches here: the
+# warm-up's annotator ignored them (`_guess_basket_names`).
+BASKET_NAMINGS: tuple[tuple[str, str, str], ...] = (
+    ("first", "second", "total"),
+    ("left", "right", "sum"),
+)
+
+
+def _basket_schema(names: tuple[str, str, str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: {"type": "integer"} for name in names},
+        "required": list(names),
+        "additionalProperties": False,
+    }
+
+
+# Well-formed under either naming; whether it is the naming asked for is the fields' criterion.
+BASKET_SCHEMA: dict[str, Any] = {"oneOf": [_basket_schema(names) for names in BASKET_NAMINGS]}
 
 
 def _draw_json(rng: random.Random) -> _Draft:
     first_fruit, second_fruit = rng.sample(_FRUITS, 2)
     first, second = rng.randint(1, 49), rng.randint(1, 49)
-    answer = json.dumps({"first": first, "second": second, "total": first + second})
+    names = rng.choice(BASKET_NAMINGS)
+    fields = dict(zip(names, (first, second, first + second), strict=True))
     return _Draft(
-        key=f"{first_fruit}{first}{second_fruit}{second}",
+        key=f"{first_fruit}{first}{second_fruit}{second}:{names[0]}",
         question=(
             f"A basket holds {first} {first_fruit} and {second} {second_fruit}. "
-            "Reply with JSON giving first, second and total."
+            f"Reply with JSON giving {names[0]}, {names[1]} and {names[2]}."
         ),
-        ground_truth=answer,
-        reference=answer,
+        # A mapping of field name to value: the rubric's `labelled_values` criterion reads it.
+        ground_truth=fields,
+        reference=json.dumps(fields),
+        extra={"naming": names[0]},
     )
+
+
+def _guess_basket_names(rng: random.Random, draft: _Draft) -> str:
+    """The right values under a naming drawn at random, whatever the question asked for."""
+    names = rng.choice(BASKET_NAMINGS)
+    return json.dumps(dict(zip(names, draft.ground_truth.values(), strict=True)))
 
 
 JSON_RUBRIC: dict[str, Any] = {
@@ -203,10 +230,18 @@ JSON_RUBRIC: dict[str, Any] = {
         {
             "name": "valid_json",
             "kind": "json_schema",
-            "weight": 0.3,
+            "weight": 0.1,
             "params": {"schema": BASKET_SCHEMA},
         },
-        {"name": "correct", "kind": "exact_match", "weight": 0.7, "params": {"extract": "full"}},
+        # Partial credit per field asked for (value exact): a reply under the wrong naming
+        # states none of them; under the right one it gets the two counts it copies and the
+        # total when its addition is right.
+        {
+            "name": "fields",
+            "kind": "labelled_values",
+            "weight": 0.9,
+            "params": {"rel_tol": 0.0, "abs_tol": 0.0},
+        },
     ],
     "aggregate": "weighted_sum",
 }
@@ -307,10 +342,12 @@ def demo_domains(include_tool_use: bool = False) -> list[DemoDomain]:
         ),
         DemoDomain(
             name="json_format",
-            description="Report a basket as JSON with a computed total.",
+            description="Report a basket as JSON under the field names asked for.",
             rubric_spec=JSON_RUBRIC,
             draw=_draw_json,
             max_new_tokens=40,
+            demonstrate=_guess_basket_names,
+            balance_by="naming",
         ),
         DemoDomain(
             name="code",
