@@ -106,6 +106,16 @@ class Decisions:
     preemptions: list[PreemptionPlan] = field(default_factory=list)
 
 
+def _demand(job: JobView) -> tuple[bool, int]:
+    """(uses GPUs?, units per host): a GPU job needs `gpus` GPUs per host, a CPU job `cpu_slots`."""
+    return (True, job.gpus) if job.gpus > 0 else (False, job.cpu_slots)
+
+
+def _queue_key(job: JobView, classes: dict[str, PriorityClass]) -> tuple[int, int, float, int]:
+    cls = classes.get(job.class_name)
+    return (-(cls.value if cls else 0), -job.priority, job.queued_at, job.run_id)
+
+
 def schedule(
     *,
     hosts: list[HostView],
@@ -115,4 +125,43 @@ def schedule(
     now: float,
 ) -> Decisions:
     """One scheduling pass. Queued jobs are those with `running_on == []`."""
-    raise NotImplementedError("filled in by the policy's author")
+    decisions = Decisions()
+    free = {h.name: [h.gpus_free, h.cpu_free] for h in hosts}
+    usable = [h for h in hosts if h.schedulable]
+    # pool -> the queued run that blocks it (strict order: nothing lower may jump it)
+    blocked: dict[str | None, int] = {}
+    queued = sorted((j for j in jobs if not j.running_on), key=lambda j: _queue_key(j, classes))
+    for job in queued:
+        if job.pool is None:
+            blocker = next(iter(blocked.values()), None)
+        else:
+            blocker = blocked.get(job.pool, blocked.get(None))
+        if blocker is not None:
+            decisions.waiting[job.run_id] = f"waiting: behind higher-priority run {blocker}"
+            continue
+        gpu, need = _demand(job)
+        slot = 0 if gpu else 1
+        fits = [
+            h
+            for h in usable
+            if (job.pool is None or h.pool == job.pool) and free[h.name][slot] >= need
+        ]
+        if len(fits) < job.hosts:
+            where = f"pool {job.pool}" if job.pool else "the fleet"
+            unit = "GPUs" if gpu else "CPU slots"
+            decisions.waiting[job.run_id] = (
+                f"waiting: needs {job.hosts} host(s) with {need} free {unit} in {where}, "
+                f"{len(fits)} available"
+            )
+            blocked.setdefault(job.pool, job.run_id)
+            continue
+        # best fit: the fullest hosts that still fit, to keep whole hosts free for big gangs
+        fits.sort(key=lambda h: (free[h.name][slot], h.name))
+        chosen = fits[: job.hosts]
+        allocations = []
+        for h in chosen:
+            free[h.name][slot] -= need
+            allocations.append(Allocation(h.name, job.gpus if gpu else 0, 0 if gpu else need))
+        names = ", ".join(a.host for a in allocations)
+        decisions.placements.append(Placement(job.run_id, allocations, f"placed on {names}"))
+    return decisions
