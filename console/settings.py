@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "console.registry",
     "console.status",
     "console.runs",
+    "console.scheduling",
 ]
 
 MIDDLEWARE = [
