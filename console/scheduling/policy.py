@@ -72,6 +72,9 @@ class JobView:
     next_checkpoint_in_s: float | None = None
     rollouts_in_flight: int = 0
     preemption_pending: bool = False  # already a victim of an open request
+    # Added by the policy (defaults keep older callers working):
+    preemption_requested: bool = False  # queued job that already has an open request of its own
+    running_for_s: float = 0.0  # since it last started; the loss when it never checkpointed
 
 
 @dataclass
@@ -106,14 +109,503 @@ class Decisions:
     preemptions: list[PreemptionPlan] = field(default_factory=list)
 
 
-def _demand(job: JobView) -> tuple[bool, int]:
-    """(uses GPUs?, units per host): a GPU job needs `gpus` GPUs per host, a CPU job `cpu_slots`."""
-    return (True, job.gpus) if job.gpus > 0 else (False, job.cpu_slots)
+# --------------------------------------------------------------------------------------------
+# The algorithm.
+#
+# Order: classes by value; within a class, teams by fair share (usage in each pool relative to
+# their quota there, the dominant pool counting), re-ranked after every placement; within a
+# team, priority then age. Each job is tried against the free-capacity index of its pool's
+# lane (one lane per pool and resource: GPUs, or CPU slots for CPU jobs). The first job in a
+# lane that does not fit becomes that lane's head: it gets a reservation at the earliest time
+# its gang fits (from the running jobs' est_remaining_s), and later jobs start only if they end
+# before that time or leave the reserved hosts what the head needs (EASY backfill). A blocked
+# job whose class may preempt, or whose team is under its quota while others borrow in the
+# pool (Kueue's reclaimWithinCohort), gets a preemption plan instead; it starts in a later pass
+# once the victims have stopped.
+
+_INF = float("inf")
 
 
-def _queue_key(job: JobView, classes: dict[str, PriorityClass]) -> tuple[int, int, float, int]:
-    cls = classes.get(job.class_name)
-    return (-(cls.value if cls else 0), -job.priority, job.queued_at, job.run_id)
+class _Index:
+    """Free units per host, bucketed by how many are free, so "H hosts with N free?" is a few
+    dict lookups instead of a scan of the pool."""
+
+    __slots__ = ("free", "buckets")
+
+    def __init__(self) -> None:
+        self.free: dict[str, int] = {}
+        self.buckets: dict[int, dict[str, None]] = {}
+
+    def set(self, host: str, units: int) -> None:
+        old = self.free.get(host)
+        if old is not None:
+            if old == units:
+                return
+            bucket = self.buckets[old]
+            del bucket[host]
+            if not bucket:
+                del self.buckets[old]
+        self.free[host] = units
+        self.buckets.setdefault(units, {})[host] = None
+
+    def count(self, need: int) -> int:
+        return sum(len(b) for units, b in self.buckets.items() if units >= need)
+
+    def pick(self, need: int, n: int) -> list[str] | None:
+        """Best fit: the n fullest hosts that still have `need` free, or None."""
+        chosen: list[str] = []
+        for units in sorted(u for u in self.buckets if u >= need):
+            for host in self.buckets[units]:
+                chosen.append(host)
+                if len(chosen) == n:
+                    return chosen
+        return None
+
+
+@dataclass
+class _Reservation:
+    run_id: int
+    start: float  # the head's earliest start (absolute, same epoch as `now`)
+    slack: dict[str, int]  # reserved host -> units a job running past `start` may still use
+    long: _Index  # free units usable by jobs that run past `start`
+
+
+class _Lane:
+    """One pool's capacity of one resource (GPUs, or CPU slots) on its schedulable hosts."""
+
+    def __init__(self, pool: str, gpu: bool) -> None:
+        self.pool = pool
+        self.gpu = gpu
+        self.unit = "GPUs" if gpu else "CPU slots"
+        self.now = _Index()
+        self.total: dict[str, int] = {}
+        self.releases: list[tuple[float, str, int, int]] = []  # (end, host, units, run_id)
+        self.running: dict[str, list[JobView]] = {}  # host -> running jobs using this resource
+        self.reservation: _Reservation | None = None
+        self.failed_preemptions: list[tuple[int, int, int, bool]] = []
+
+    def fits_ever(self, need: int, n: int) -> bool:
+        return sum(1 for t in self.total.values() if t >= need) >= n
+
+    def take(self, hosts: list[str], need: int, end: float, run_id: int) -> None:
+        res = self.reservation
+        for h in hosts:
+            self.now.set(h, self.now.free[h] - need)
+            self.releases.append((end, h, need, run_id))
+            if res is not None:
+                if end > res.start and h in res.slack:
+                    res.slack[h] -= need
+                res.long.set(h, max(0, min(self.now.free[h], res.slack.get(h, 1 << 30))))
+
+    def hold(self, hosts: list[str], need: int) -> None:
+        """Keep free units on these hosts for a requester waiting on its victims."""
+        for h in hosts:
+            kept = min(self.now.free[h], need)
+            self.now.set(h, self.now.free[h] - kept)
+            if self.reservation is not None:
+                r = self.reservation
+                r.long.set(h, max(0, min(self.now.free[h], r.slack.get(h, 1 << 30))))
+
+    def earliest(
+        self,
+        need: int,
+        n: int,
+        now: float,
+        free: dict[str, int] | None = None,
+        releases: list[tuple[float, str, int, int]] | None = None,
+    ) -> tuple[float, list[str], dict[str, int]] | None:
+        """When `n` hosts first have `need` free as running jobs end: (time, the hosts, free
+        units per host at that time), or None when it never fits."""
+        free = dict(self.now.free if free is None else free)
+        fitting = [h for h, u in free.items() if u >= need]
+        if len(fitting) >= n:
+            return now, fitting[:n], free
+        for end, h, units, _ in sorted(self.releases if releases is None else releases):
+            before = free[h]
+            free[h] = before + units
+            if before < need <= free[h]:
+                fitting.append(h)
+                if len(fitting) >= n:
+                    return max(end, now), fitting[:n], free
+        return None
+
+
+def _units(job: JobView) -> int:
+    return job.gpus if job.gpus > 0 else job.cpu_slots
+
+
+def _victim_cost(job: JobView) -> float:
+    age = job.last_checkpoint_age_s if job.last_checkpoint_age_s is not None else job.running_for_s
+    return job.gpus * max(1, len(job.running_on)) * age / 3600.0
+
+
+def _auto_approves(cls: PriorityClass, job: JobView) -> bool:
+    return (
+        cls.approval == "auto_recent_checkpoint"
+        and job.last_checkpoint_age_s is not None
+        and job.last_checkpoint_age_s < cls.auto_approve_minutes * 60.0
+    )
+
+
+class _Pass:
+    def __init__(
+        self,
+        hosts: list[HostView],
+        jobs: list[JobView],
+        classes: dict[str, PriorityClass],
+        quotas: list[Quota],
+        now: float,
+    ) -> None:
+        self.now = now
+        self.classes = classes
+        self.decisions = Decisions()
+        self.pool_of: dict[str, str] = {h.name: h.pool for h in hosts}
+        self.lanes: dict[tuple[str, bool], _Lane] = {}
+        gpu_pools = {h.pool for h in hosts if h.gpus_total > 0}
+        for h in hosts:
+            if not h.schedulable:
+                continue
+            for gpu, free, total in (
+                (True, h.gpus_free, h.gpus_total),
+                (False, h.cpu_free, h.cpu_total),
+            ):
+                if total <= 0:
+                    continue
+                lane = self.lanes.get((h.pool, gpu))
+                if lane is None:
+                    lane = self.lanes[(h.pool, gpu)] = _Lane(h.pool, gpu)
+                lane.now.set(h.name, max(0, free))
+                lane.total[h.name] = total
+        self.pools = sorted({h.pool for h in hosts})
+        # quota in units of the pool's quota resource: GPUs where the pool has GPUs, else slots
+        self.quota: dict[tuple[str, str], int] = {(q.team, q.pool): q.gpus for q in quotas}
+        self.quota_pools = {q.pool for q in quotas}
+        self.quota_gpu = {p: p in gpu_pools for p in self.pools}
+        self.usage: dict[tuple[str, str], int] = {}
+        self.team_usage: dict[str, int] = {}
+        self.victims: set[int] = set()
+        self.queued: list[JobView] = []
+        for job in jobs:
+            if not job.running_on:
+                self.queued.append(job)
+                continue
+            gpu = job.gpus > 0
+            cls = classes.get(job.class_name)
+            end = now + max(0.0, job.est_remaining_s)
+            if job.preemption_pending:
+                end = min(end, now + (cls.grace_s if cls else 60.0))
+            for a in job.running_on:
+                pool = self.pool_of.get(a.host)
+                if pool is None:
+                    continue
+                units = a.gpus if gpu else a.cpu_slots
+                if self.quota_gpu.get(pool) == gpu:
+                    key = (job.team, pool)
+                    self.usage[key] = self.usage.get(key, 0) + units
+                    self.team_usage[job.team] = self.team_usage.get(job.team, 0) + units
+                lane = self.lanes.get((pool, gpu))
+                if lane is not None and a.host in lane.total:
+                    lane.releases.append((end, a.host, units, job.run_id))
+                    lane.running.setdefault(a.host, []).append(job)
+
+    # -- order ----------------------------------------------------------------------------
+
+    def share(self, team: str) -> tuple[float, int]:
+        """Fair-share key: the team's dominant usage/quota over pools (no quota: infinite once
+        it uses anything), then its total usage."""
+        worst = 0.0
+        for pool in self.quota_pools:
+            used = self.usage.get((team, pool), 0)
+            if used:
+                q = self.quota.get((team, pool), 0)
+                worst = max(worst, used / q if q > 0 else _INF)
+        return (worst, self.team_usage.get(team, 0))
+
+    def order(self) -> list[list[list[JobView]]]:
+        """Queued jobs grouped by class (highest value first), each group by team, each team's
+        jobs by priority then age."""
+        by_class: dict[int, dict[str, list[JobView]]] = {}
+        for job in self.queued:
+            cls = self.classes.get(job.class_name)
+            value = cls.value if cls else 0
+            by_class.setdefault(value, {}).setdefault(job.team, []).append(job)
+        groups: list[list[list[JobView]]] = []
+        for value in sorted(by_class, reverse=True):
+            teams = by_class[value]
+            for team_jobs in teams.values():
+                team_jobs.sort(key=lambda j: (-j.priority, j.queued_at, j.run_id))
+            groups.append(list(teams.values()))
+        return groups
+
+    def run(self) -> Decisions:
+        import heapq
+
+        for teams in self.order():
+            team_lists = teams
+            if len(team_lists) == 1:
+                for job in team_lists[0]:
+                    self.consider(job)
+                continue
+            heap = [
+                (self.share(jobs[0].team), jobs[0].team, i, 0) for i, jobs in enumerate(team_lists)
+            ]
+            heapq.heapify(heap)
+            while heap:
+                _, team, i, k = heapq.heappop(heap)
+                self.consider(team_lists[i][k])
+                if k + 1 < len(team_lists[i]):
+                    heapq.heappush(heap, (self.share(team), team, i, k + 1))
+        return self.decisions
+
+    # -- one job --------------------------------------------------------------------------
+
+    def consider(self, job: JobView) -> None:
+        gpu = job.gpus > 0
+        need = _units(job)
+        pools = [job.pool] if job.pool is not None else self.pools
+        lanes = [self.lanes[(p, gpu)] for p in pools if (p, gpu) in self.lanes]
+        if not lanes:
+            where = f"pool {job.pool}" if job.pool else "the fleet"
+            self.wait(
+                job,
+                f"waiting: no schedulable host with {'GPUs' if gpu else 'CPU slots'} in {where}",
+            )
+            return
+        end = self.now + max(0.0, job.est_remaining_s)
+        for lane in lanes:
+            hosts, backfill = self.try_place(lane, need, job.hosts, end)
+            if hosts is not None:
+                self.place(job, lane, hosts, need, end, backfill)
+                return
+        possible = [ln for ln in lanes if ln.fits_ever(need, job.hosts)]
+        if not possible:
+            where = f"pool {job.pool}" if job.pool else "any pool"
+            self.wait(
+                job,
+                f"waiting: never fits: {where} has fewer than {job.hosts} schedulable host(s) "
+                f"with {need} {lanes[0].unit}",
+            )
+            return
+        if job.preemption_requested:
+            self.wait(job, "waiting: its preemption request is open; victims stop first")
+            for lane in possible:
+                if lane.reservation is None:
+                    self.reserve(job, lane, need)
+                    break
+            return
+        for lane in possible:
+            if self.try_preempt(job, lane, need):
+                return
+        self.wait(job, self.blocked_reason(job, possible, need))
+        for lane in possible:
+            if lane.reservation is None:
+                self.reserve(job, lane, need)
+                break
+
+    def try_place(
+        self, lane: _Lane, need: int, n: int, end: float
+    ) -> tuple[list[str] | None, bool]:
+        res = lane.reservation
+        if res is None:
+            return lane.now.pick(need, n), False
+        if end <= res.start:
+            return lane.now.pick(need, n), True
+        return res.long.pick(need, n), True
+
+    def place(
+        self, job: JobView, lane: _Lane, hosts: list[str], need: int, end: float, backfill: bool
+    ) -> None:
+        lane.take(hosts, need, end, job.run_id)
+        gpu = lane.gpu
+        allocations = [Allocation(h, job.gpus if gpu else 0, 0 if gpu else need) for h in hosts]
+        reason = f"placed on {', '.join(hosts)}"
+        if backfill:
+            reason += " by backfill"
+        if self.quota_gpu.get(lane.pool) == gpu:
+            key = (job.team, lane.pool)
+            self.usage[key] = self.usage.get(key, 0) + need * len(hosts)
+            self.team_usage[job.team] = self.team_usage.get(job.team, 0) + need * len(hosts)
+            if lane.pool in self.quota_pools and self.usage[key] > self.quota.get(key, 0):
+                reason += f" (borrowing idle capacity in pool {lane.pool})"
+        self.decisions.placements.append(Placement(job.run_id, allocations, reason))
+
+    def wait(self, job: JobView, reason: str) -> None:
+        self.decisions.waiting[job.run_id] = reason
+
+    def blocked_reason(self, job: JobView, lanes: list[_Lane], need: int) -> str:
+        lane = lanes[0]
+        if lane.reservation is not None and lane.now.pick(need, job.hosts) is not None:
+            return f"waiting: behind higher-priority run {lane.reservation.run_id}"
+        key = (job.team, lane.pool)
+        if lane.pool in self.quota_pools and self.quota_gpu.get(lane.pool) == lane.gpu:
+            used, quota = self.usage.get(key, 0), self.quota.get(key, 0)
+            if used + need * job.hosts > quota:
+                return (
+                    f"waiting: team quota full in pool {lane.pool} ({used} of {quota} {lane.unit} "
+                    f"in use) and no idle {lane.unit} to borrow"
+                )
+        have = lane.now.count(need)
+        text = (
+            f"waiting: needs {job.hosts} host(s) with {need} free {lane.unit} in pool "
+            f"{lane.pool}, {have} available"
+        )
+        if lane.reservation is not None:
+            text += f"; behind higher-priority run {lane.reservation.run_id}"
+        return text
+
+    # -- reservation (backfill) -----------------------------------------------------------
+
+    def reserve(self, job: JobView, lane: _Lane, need: int) -> None:
+        found = lane.earliest(need, job.hosts, self.now)
+        if found is None:
+            return
+        start, hosts, free_then = found
+        slack = {h: free_then[h] - need for h in hosts}
+        long = _Index()
+        for h, units in lane.now.free.items():
+            long.set(h, max(0, min(units, slack.get(h, units))))
+        lane.reservation = _Reservation(job.run_id, start, slack, long)
+
+    # -- preemption -----------------------------------------------------------------------
+
+    def try_preempt(self, job: JobView, lane: _Lane, need: int) -> bool:
+        cls = self.classes.get(job.class_name)
+        if cls is None:
+            return False
+        reclaim = False
+        if lane.pool in self.quota_pools and self.quota_gpu.get(lane.pool) == lane.gpu:
+            key = (job.team, lane.pool)
+            within = self.usage.get(key, 0) + need * job.hosts <= self.quota.get(key, 0)
+            reclaim = within and any(
+                self.borrower(t, lane.pool) for t, p in self.usage if p == lane.pool
+            )
+        if not (cls.can_preempt or reclaim):
+            return False
+        for value, n_need, n_hosts, rec in lane.failed_preemptions:
+            if cls.value <= value and need >= n_need and job.hosts >= n_hosts and reclaim == rec:
+                return False
+
+        def eligible(v: JobView) -> bool:
+            if (
+                v.preemption_pending
+                or v.run_id in self.victims
+                or v.team == job.team
+                and not cls.can_preempt
+            ):
+                return False
+            vcls = self.classes.get(v.class_name)
+            if vcls is None or not vcls.preemptible or vcls.approval == "never":
+                return False
+            if cls.can_preempt and vcls.value < cls.value:
+                return True
+            return reclaim and v.team != job.team and self.borrower(v.team, lane.pool)
+
+        options: list[tuple[tuple[int, float, int], str, list[JobView]]] = []
+        for host, free in lane.now.free.items():
+            deficit = need - free
+            if deficit <= 0:
+                options.append(((0, 0.0, 0), host, []))
+                continue
+            candidates = [v for v in lane.running.get(host, ()) if eligible(v)]
+            candidates.sort(
+                key=lambda v: (
+                    not self.borrower(v.team, lane.pool),
+                    self.classes[v.class_name].value,
+                    _victim_cost(v),
+                    v.run_id,
+                )
+            )
+            chosen: list[JobView] = []
+            freed = 0
+            for v in candidates:
+                chosen.append(v)
+                freed += sum(
+                    a.gpus if lane.gpu else a.cpu_slots for a in v.running_on if a.host == host
+                )
+                if freed >= deficit:
+                    break
+            if freed < deficit:
+                continue
+            key3 = (
+                sum(1 for v in chosen if not self.borrower(v.team, lane.pool)),
+                sum(_victim_cost(v) for v in chosen),
+                len(chosen),
+            )
+            options.append((key3, host, chosen))
+        if len(options) < job.hosts:
+            lane.failed_preemptions.append((cls.value, need, job.hosts, reclaim))
+            return False
+        options.sort(key=lambda o: o[0])
+        picked = options[: job.hosts]
+        victims: dict[int, JobView] = {}
+        for _, _, chosen in picked:
+            for v in chosen:
+                victims[v.run_id] = v
+        if not victims:
+            return False  # it fits without victims: only a reservation keeps it out
+        hosts = [h for _, h, _ in picked]
+        self.file_plan(
+            job, lane, need, hosts, list(victims.values()), reclaim and not cls.can_preempt
+        )
+        return True
+
+    def borrower(self, team: str, pool: str) -> bool:
+        return self.usage.get((team, pool), 0) > self.quota.get((team, pool), 0)
+
+    def file_plan(
+        self,
+        job: JobView,
+        lane: _Lane,
+        need: int,
+        hosts: list[str],
+        victims: list[JobView],
+        reclaim: bool,
+    ) -> None:
+        victim_ids = {v.run_id for v in victims}
+        self.victims |= victim_ids
+        # what the fleet looks like once the victims stop and the requester runs
+        free = dict(lane.now.free)
+        for v in victims:
+            for a in v.running_on:
+                if a.host in free:
+                    free[a.host] += a.gpus if lane.gpu else a.cpu_slots
+        for h in hosts:
+            free[h] -= need
+        end = self.now + max(0.0, job.est_remaining_s)
+        releases = [r for r in lane.releases if r[3] not in victim_ids]
+        releases += [(end, h, need, job.run_id) for h in hosts]
+        impacts = []
+        auto = True
+        for v in sorted(victims, key=lambda v: v.run_id):
+            vcls = self.classes[v.class_name]
+            auto = auto and _auto_approves(vcls, v)
+            found = lane.earliest(_units(v), len(v.running_on), self.now, free, releases)
+            age = (
+                v.last_checkpoint_age_s if v.last_checkpoint_age_s is not None else v.running_for_s
+            )
+            impacts.append(
+                VictimImpact(
+                    run_id=v.run_id,
+                    gpu_hours_since_checkpoint=round(v.gpus * len(v.running_on) * age / 3600.0, 4),
+                    steps_lost=v.steps_since_checkpoint,
+                    next_checkpoint_in_s=v.next_checkpoint_in_s,
+                    rollouts_in_flight=v.rollouts_in_flight,
+                    expected_resume_s=None if found is None else found[0] - self.now,
+                )
+            )
+        names = ", ".join(str(v.run_id) for v in sorted(victims, key=lambda v: v.run_id))
+        why = (
+            f"reclaiming team {job.team}'s quota in pool {lane.pool} from borrowing run(s) {names}"
+            if reclaim
+            else f"class {job.class_name} needs {job.hosts}x{need} {lane.unit} in pool "
+            f"{lane.pool}: preempting run(s) {names}"
+        )
+        self.decisions.preemptions.append(PreemptionPlan(job.run_id, impacts, auto, why))
+        approval = "auto-approved" if auto else "awaiting approval"
+        self.wait(job, f"waiting: preemption of run(s) {names} requested ({approval})")
+        lane.hold(hosts, need)
+        key = (job.team, lane.pool)
+        self.usage[key] = self.usage.get(key, 0) + need * job.hosts  # counts against its quota now
 
 
 def schedule(
@@ -124,44 +616,10 @@ def schedule(
     quotas: list[Quota],
     now: float,
 ) -> Decisions:
-    """One scheduling pass. Queued jobs are those with `running_on == []`."""
-    decisions = Decisions()
-    free = {h.name: [h.gpus_free, h.cpu_free] for h in hosts}
-    usable = [h for h in hosts if h.schedulable]
-    # pool -> the queued run that blocks it (strict order: nothing lower may jump it)
-    blocked: dict[str | None, int] = {}
-    queued = sorted((j for j in jobs if not j.running_on), key=lambda j: _queue_key(j, classes))
-    for job in queued:
-        if job.pool is None:
-            blocker = next(iter(blocked.values()), None)
-        else:
-            blocker = blocked.get(job.pool, blocked.get(None))
-        if blocker is not None:
-            decisions.waiting[job.run_id] = f"waiting: behind higher-priority run {blocker}"
-            continue
-        gpu, need = _demand(job)
-        slot = 0 if gpu else 1
-        fits = [
-            h
-            for h in usable
-            if (job.pool is None or h.pool == job.pool) and free[h.name][slot] >= need
-        ]
-        if len(fits) < job.hosts:
-            where = f"pool {job.pool}" if job.pool else "the fleet"
-            unit = "GPUs" if gpu else "CPU slots"
-            decisions.waiting[job.run_id] = (
-                f"waiting: needs {job.hosts} host(s) with {need} free {unit} in {where}, "
-                f"{len(fits)} available"
-            )
-            blocked.setdefault(job.pool, job.run_id)
-            continue
-        # best fit: the fullest hosts that still fit, to keep whole hosts free for big gangs
-        fits.sort(key=lambda h: (free[h.name][slot], h.name))
-        chosen = fits[: job.hosts]
-        allocations = []
-        for h in chosen:
-            free[h.name][slot] -= need
-            allocations.append(Allocation(h.name, job.gpus if gpu else 0, 0 if gpu else need))
-        names = ", ".join(a.host for a in allocations)
-        decisions.placements.append(Placement(job.run_id, allocations, f"placed on {names}"))
-    return decisions
+    """One scheduling pass. Queued jobs are those with `running_on == []`.
+
+    Placements start now; a job with a preemption plan is not placed in the same pass (it
+    starts once its victims have stopped), and a job marked `preemption_requested` gets no
+    second plan. Every queued job that is not placed has a reason in `waiting`.
+    """
+    return _Pass(hosts, jobs, classes, quotas, now).run()
