@@ -11,6 +11,7 @@ algorithm and may add fields, but keeps these names and meanings):
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -73,7 +74,10 @@ class JobView:
     rollouts_in_flight: int = 0
     preemption_pending: bool = False  # already a victim of an open request
     # Added by the policy (defaults keep older callers working):
-    preemption_requested: bool = False  # queued job that already has an open request of its own
+    # A queued job whose own preemption request is open or approved and that has not started
+    # yet (the console clears it when the job starts, or the request is rejected or expires):
+    # it gets no second request, and goes first in its class to take what its victims free.
+    preemption_requested: bool = False
     running_for_s: float = 0.0  # since it last started; the loss when it never checkpointed
 
 
@@ -321,31 +325,39 @@ class _Pass:
                 worst = max(worst, used / q if q > 0 else _INF)
         return (worst, self.team_usage.get(team, 0))
 
-    def order(self) -> list[list[list[JobView]]]:
-        """Queued jobs grouped by class (highest value first), each group by team, each team's
-        jobs by priority then age."""
-        by_class: dict[int, dict[str, list[JobView]]] = {}
+    def order(self) -> list[tuple[list[JobView], list[list[JobView]]]]:
+        """Queued jobs grouped by class (highest value first); in each class the requesters of
+        open preemption requests first (their victims were stopped for them), then the others
+        by team, each team's jobs by priority then age."""
+        by_class: dict[int, tuple[list[JobView], dict[str, list[JobView]]]] = {}
         for job in self.queued:
             cls = self.classes.get(job.class_name)
             value = cls.value if cls else 0
-            by_class.setdefault(value, {}).setdefault(job.team, []).append(job)
-        groups: list[list[list[JobView]]] = []
+            group = by_class.get(value)
+            if group is None:
+                group = by_class[value] = ([], {})
+            if job.preemption_requested:
+                group[0].append(job)
+            else:
+                group[1].setdefault(job.team, []).append(job)
+        groups = []
         for value in sorted(by_class, reverse=True):
-            teams = by_class[value]
+            requesters, teams = by_class[value]
+            requesters.sort(key=lambda j: (j.queued_at, j.run_id))
             for team_jobs in teams.values():
                 team_jobs.sort(key=lambda j: (-j.priority, j.queued_at, j.run_id))
-            groups.append(list(teams.values()))
+            groups.append((requesters, list(teams.values())))
         return groups
 
     def run(self) -> Decisions:
-        import heapq
-
-        for teams in self.order():
-            team_lists = teams
+        for requesters, team_lists in self.order():
+            for job in requesters:
+                self.consider(job)
             if len(team_lists) == 1:
                 for job in team_lists[0]:
                     self.consider(job)
                 continue
+            # fair share: the team furthest below its quota next, re-ranked after each job
             heap = [
                 (self.share(jobs[0].team), jobs[0].team, i, 0) for i, jobs in enumerate(team_lists)
             ]
@@ -498,7 +510,15 @@ class _Pass:
                 return False
             if cls.can_preempt and vcls.value < cls.value:
                 return True
-            return reclaim and v.team != job.team and self.borrower(v.team, lane.pool)
+            # reclaim takes back borrowed capacity from the same or a lower class only (Kueue's
+            # reclaimWithinCohort: LowerOrNewerEqualPriority): a higher-class borrower placed
+            # before the requester would take the freed capacity again, and lose work each time
+            return (
+                reclaim
+                and v.team != job.team
+                and vcls.value <= cls.value
+                and self.borrower(v.team, lane.pool)
+            )
 
         options: list[tuple[tuple[int, float, int], str, list[JobView]]] = []
         for host, free in lane.now.free.items():
