@@ -40,10 +40,10 @@ class PriorityClass(models.Model):
     approval = models.CharField(max_length=32, choices=Approval.choices, default=Approval.ASK)
     auto_approve_minutes = models.FloatField(
         default=0.0,
-        help_text="With auto-approval: the victim's last checkpoint is younger than this.",
+        help_text="Auto-approval: the victim checkpointed less than this ago.",
     )
     grace_s = models.PositiveIntegerField(
-        default=60, help_text="After a preemption is approved: SIGTERM, then SIGKILL this later."
+        default=60, help_text="On preemption: SIGTERM, then SIGKILL this much later."
     )
     description = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

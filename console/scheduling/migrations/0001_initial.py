@@ -184,14 +184,14 @@ class Migration(migrations.Migration):
                     "auto_approve_minutes",
                     models.FloatField(
                         default=0.0,
-                        help_text="With auto-approval: the victim's last checkpoint is younger than this.",
+                        help_text="Auto-approval: the victim checkpointed less than this ago.",
                     ),
                 ),
                 (
                     "grace_s",
                     models.PositiveIntegerField(
                         default=60,
-                        help_text="After a preemption is approved: SIGTERM, then SIGKILL this later.",
+                        help_text="On preemption: SIGTERM, then SIGKILL this much later.",
                     ),
                 ),
                 ("description", models.CharField(blank=True, max_length=500)),
