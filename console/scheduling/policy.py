@@ -177,25 +177,61 @@ class _Reservation:
 class _Lane:
     """One pool's capacity of one resource (GPUs, or CPU slots) on its schedulable hosts."""
 
-    def __init__(self, pool: str, gpu: bool) -> None:
+    def __init__(self, pool: str, gpu: bool, now: float, classes: dict[str, PriorityClass]) -> None:
         self.pool = pool
         self.gpu = gpu
         self.unit = "GPUs" if gpu else "CPU slots"
         self.now = _Index()
         self.total: dict[str, int] = {}
-        self.releases: list[tuple[float, str, int, int]] = []  # (end, host, units, run_id)
-        self.running: dict[str, list[JobView]] = {}  # host -> running jobs using this resource
+        self.jobs: list[JobView] = []  # running jobs with an allocation on this lane
+        self.placed: list[tuple[float, str, int, int]] = []  # this pass's placements
         self.reservation: _Reservation | None = None
         self.failed_preemptions: list[tuple[int, int, int, bool]] = []
+        self.preempt_tried: set[str] = set()  # teams that tried a preemption here this pass
+        self._t = now
+        self._classes = classes
+        self._releases: list[tuple[float, str, int, int]] | None = None
+        self._running: dict[str, list[JobView]] | None = None
+        self._fit_hosts: dict[int, int] = {}
 
     def fits_ever(self, need: int, n: int) -> bool:
-        return sum(1 for t in self.total.values() if t >= need) >= n
+        count = self._fit_hosts.get(need)
+        if count is None:
+            count = self._fit_hosts[need] = sum(1 for t in self.total.values() if t >= need)
+        return count >= n
+
+    @property
+    def releases(self) -> list[tuple[float, str, int, int]]:
+        """(end, host, units, run_id) of every running job and this pass's placements; a
+        victim of an open request ends after its class's grace period."""
+        if self._releases is None:
+            self._releases = []
+            for job in self.jobs:
+                end = self._t + max(0.0, job.est_remaining_s)
+                if job.preemption_pending:
+                    cls = self._classes.get(job.class_name)
+                    end = min(end, self._t + (cls.grace_s if cls else 60.0))
+                for a in job.running_on:
+                    if a.host in self.total:
+                        units = a.gpus if self.gpu else a.cpu_slots
+                        self._releases.append((end, a.host, units, job.run_id))
+        return self._releases + self.placed
+
+    @property
+    def running(self) -> dict[str, list[JobView]]:
+        if self._running is None:
+            self._running = {}
+            for job in self.jobs:
+                for a in job.running_on:
+                    if a.host in self.total:
+                        self._running.setdefault(a.host, []).append(job)
+        return self._running
 
     def take(self, hosts: list[str], need: int, end: float, run_id: int) -> None:
         res = self.reservation
         for h in hosts:
             self.now.set(h, self.now.free[h] - need)
-            self.releases.append((end, h, need, run_id))
+            self.placed.append((end, h, need, run_id))
             if res is not None:
                 if end > res.start and h in res.slack:
                     res.slack[h] -= need
@@ -264,53 +300,60 @@ class _Pass:
         self.classes = classes
         self.decisions = Decisions()
         self.pool_of: dict[str, str] = {h.name: h.pool for h in hosts}
+        self.queued: list[JobView] = []
+        running: list[JobView] = []
+        resources: set[bool] = set()  # the lanes this pass needs: GPUs, CPU slots
+        for job in jobs:
+            if job.running_on:
+                running.append(job)
+            else:
+                self.queued.append(job)
+                resources.add(job.gpus > 0)
         self.lanes: dict[tuple[str, bool], _Lane] = {}
-        gpu_pools = {h.pool for h in hosts if h.gpus_total > 0}
         for h in hosts:
             if not h.schedulable:
                 continue
-            for gpu, free, total in (
-                (True, h.gpus_free, h.gpus_total),
-                (False, h.cpu_free, h.cpu_total),
-            ):
+            for gpu in resources:
+                total = h.gpus_total if gpu else h.cpu_total
                 if total <= 0:
                     continue
                 lane = self.lanes.get((h.pool, gpu))
                 if lane is None:
-                    lane = self.lanes[(h.pool, gpu)] = _Lane(h.pool, gpu)
-                lane.now.set(h.name, max(0, free))
+                    lane = self.lanes[(h.pool, gpu)] = _Lane(h.pool, gpu, now, classes)
+                free = max(0, h.gpus_free if gpu else h.cpu_free)
+                lane.now.free[h.name] = free
+                bucket = lane.now.buckets.get(free)
+                if bucket is None:
+                    bucket = lane.now.buckets[free] = {}
+                bucket[h.name] = None
                 lane.total[h.name] = total
         self.pools = sorted({h.pool for h in hosts})
         # quota in units of the pool's quota resource: GPUs where the pool has GPUs, else slots
+        gpu_pools = {h.pool for h in hosts if h.gpus_total > 0}
         self.quota: dict[tuple[str, str], int] = {(q.team, q.pool): q.gpus for q in quotas}
         self.quota_pools = {q.pool for q in quotas}
         self.quota_gpu = {p: p in gpu_pools for p in self.pools}
         self.usage: dict[tuple[str, str], int] = {}
         self.team_usage: dict[str, int] = {}
         self.victims: set[int] = set()
-        self.queued: list[JobView] = []
-        for job in jobs:
-            if not job.running_on:
-                self.queued.append(job)
-                continue
+        pool_of, usage, team_usage, lanes = self.pool_of, self.usage, self.team_usage, self.lanes
+        quota_gpu = self.quota_gpu
+        for job in running:
             gpu = job.gpus > 0
-            cls = classes.get(job.class_name)
-            end = now + max(0.0, job.est_remaining_s)
-            if job.preemption_pending:
-                end = min(end, now + (cls.grace_s if cls else 60.0))
+            seen: _Lane | None = None
             for a in job.running_on:
-                pool = self.pool_of.get(a.host)
+                pool = pool_of.get(a.host)
                 if pool is None:
                     continue
                 units = a.gpus if gpu else a.cpu_slots
-                if self.quota_gpu.get(pool) == gpu:
+                if quota_gpu[pool] == gpu:
                     key = (job.team, pool)
-                    self.usage[key] = self.usage.get(key, 0) + units
-                    self.team_usage[job.team] = self.team_usage.get(job.team, 0) + units
-                lane = self.lanes.get((pool, gpu))
-                if lane is not None and a.host in lane.total:
-                    lane.releases.append((end, a.host, units, job.run_id))
-                    lane.running.setdefault(a.host, []).append(job)
+                    usage[key] = usage.get(key, 0) + units
+                    team_usage[job.team] = team_usage.get(job.team, 0) + units
+                lane = lanes.get((pool, gpu))
+                if lane is not None and lane is not seen:
+                    lane.jobs.append(job)
+                    seen = lane
 
     # -- order ----------------------------------------------------------------------------
 
@@ -484,6 +527,10 @@ class _Pass:
         cls = self.classes.get(job.class_name)
         if cls is None:
             return False
+        # like Kueue, only a team's first blocked job in a lane looks for victims in a pass
+        if job.team in lane.preempt_tried:
+            return False
+        lane.preempt_tried.add(job.team)
         reclaim = False
         if lane.pool in self.quota_pools and self.quota_gpu.get(lane.pool) == lane.gpu:
             key = (job.team, lane.pool)
