@@ -67,13 +67,26 @@ TEAMS = 20
 DOMAINS = 500
 CHECKPOINT_EVERY_S = 1800.0
 ADMIN_DELAY_S = 600.0
+PREEMPT_AFTER_WAIT_S = 900.0  # standard and batch reclaim quota only after a 15-minute wait
 CLASSES = {
     "prod": PriorityClass("prod", 100, can_preempt=True, preemptible=False, approval="never"),
     "standard": PriorityClass(
-        "standard", 50, False, True, "auto_recent_checkpoint", auto_approve_minutes=30
+        "standard",
+        50,
+        False,
+        True,
+        "auto_recent_checkpoint",
+        auto_approve_minutes=30,
+        preempt_after_wait_s=PREEMPT_AFTER_WAIT_S,
     ),
     "batch": PriorityClass(
-        "batch", 10, False, True, "auto_recent_checkpoint", auto_approve_minutes=60
+        "batch",
+        10,
+        False,
+        True,
+        "auto_recent_checkpoint",
+        auto_approve_minutes=60,
+        preempt_after_wait_s=PREEMPT_AFTER_WAIT_S,
     ),
 }
 CLASS_MIX = [("prod", 0.1), ("standard", 0.45), ("batch", 0.45)]
@@ -191,7 +204,8 @@ class Simulation:
             self.push(w["arrival"], "arrive", w["run_id"], 0)
         self.queued: dict[int, SimJob] = {}
         self.running: dict[int, SimJob] = {}
-        self.decision_s: list[float] = []
+        self.decision_s: list[float] = []  # wall time of each call
+        self.decision_cpu_s: list[float] = []  # its CPU time (blind to the other tenants)
         self.busy = 0
         self.busy_queued_gpu_s = 0.0
         self.queued_s = 0.0
@@ -277,10 +291,11 @@ class Simulation:
             return
         self.refresh(t)
         views = [j.view for j in self.running.values()] + [j.view for j in self.queued.values()]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         decisions = self.scheduler(
             hosts=self.hosts, jobs=views, classes=CLASSES, quotas=self.quotas, now=t
         )
+        self.decision_cpu_s.append(time.thread_time() - cpu)
         self.decision_s.append(time.perf_counter() - started)
         for p in decisions.placements:
             self.start(self.jobs[p.run_id], p, t)
@@ -423,6 +438,8 @@ def main() -> int:
             "passes": len(sim.decision_s),
             "p50": pct(sim.decision_s, 0.5) * 1000,
             "p99": pct(sim.decision_s, 0.99) * 1000,
+            "cpu50": pct(sim.decision_cpu_s, 0.5) * 1000,
+            "cpu99": pct(sim.decision_cpu_s, 0.99) * 1000,
             "util_queued": sim.busy_queued_gpu_s / (n_gpus * sim.queued_s) * 100,
             "util": sim.busy_gpu_s / (n_gpus * end) * 100,
             "util_pool": sim.pool_busy_gpu_s / sim.pool_cap_gpu_s * 100,
@@ -444,6 +461,7 @@ def main() -> int:
         ("scheduling passes", lambda r: f"{r['passes']}"),
         ("decision time p50", lambda r: f"{r['p50']:.2f} ms"),
         ("decision time p99", lambda r: f"{r['p99']:.2f} ms"),
+        ("decision CPU time p50 / p99", lambda r: f"{r['cpu50']:.2f} / {r['cpu99']:.2f} ms"),
         ("GPU utilisation while work is queued", lambda r: f"{r['util_queued']:.1f} %"),
         (
             "GPU utilisation of pools their queued work may use",
@@ -486,7 +504,8 @@ def main() -> int:
     print(
         f"\npolicy decision time vs strict-priority baseline (same run): "
         f"p50 {pol['p50'] / base['p50']:.1f}x, p99 {pol['p99'] / base['p99']:.1f}x; "
-        f"aim p99 <= 5 ms: {'met' if pol['p99'] <= 5 else 'not met'}; "
+        f"aim p99 <= 5 ms: {'met' if pol['p99'] <= 5 else 'not met'} "
+        f"(CPU time p99 {pol['cpu99']:.2f} ms: {'met' if pol['cpu99'] <= 5 else 'not met'}); "
         f"aim utilisation while queued >= 95 %: {'met' if pol['util_queued'] >= 95 else 'not met'}"
     )
     return 0

@@ -27,6 +27,9 @@ class PriorityClass:
     approval: Approval  # how a preemption of this class's runs is approved
     auto_approve_minutes: float = 0.0  # with "auto_recent_checkpoint": victim saved < N min ago
     grace_s: float = 60.0  # SIGTERM -> SIGKILL grace on preemption
+    # Added by the policy: its runs ask for a preemption only when, without one, they would
+    # wait longer than this (judged from the running jobs' est_remaining_s); 0: at once.
+    preempt_after_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -542,6 +545,10 @@ class _Pass:
             return False
         for value, n_need, n_hosts, rec in lane.failed_preemptions:
             if cls.value <= value and need >= n_need and job.hosts >= n_hosts and reclaim == rec:
+                return False
+        if cls.preempt_after_wait_s > 0:
+            found = lane.earliest(need, job.hosts, self.now)
+            if found is not None and found[0] - self.now <= cls.preempt_after_wait_s:
                 return False
 
         def eligible(v: JobView) -> bool:
