@@ -337,3 +337,47 @@ def test_every_queued_job_gets_a_placement_or_a_reason():
     assert decided == set(range(2, 12))
     assert not set(placed(d)) & set(d.waiting)
     assert sum(a.gpus for p in d.placements for a in p.allocations) <= 10
+
+
+def test_reclaim_does_not_take_from_a_higher_class_borrower():
+    quotas = [Quota("a", "h200", 8), Quota("b", "h200", 8)]
+    fleet = fleet_using(("h1", 8), ("h2", 8))
+    jobs = [
+        running(1, {"h1": 8}, team="b", class_name="research"),
+        running(2, {"h2": 8}, team="b", class_name="research"),
+        job(3, team="a", class_name="batch"),  # within quota, but lower than the borrower
+    ]
+    d = run(fleet, jobs, quotas)
+    assert d.preemptions == []
+    assert 3 in d.waiting
+
+
+def test_a_requester_whose_victims_stopped_goes_first_in_its_class():
+    fleet = [host("h1")]
+    jobs = [
+        job(1, class_name="prod", team="a", queued_at=1.0),
+        job(2, class_name="prod", team="b", queued_at=5.0, preemption_requested=True),
+    ]
+    d = run(fleet, jobs)
+    assert placed(d) == {2: ["h1"]}
+    assert d.preemptions == []  # and it files no second request
+    assert 1 in d.waiting
+
+
+def test_preempt_after_wait_lets_a_short_wait_pass_without_preemption():
+    patient = dict(CLASSES)
+    patient["prod"] = PriorityClass(
+        "prod", 100, can_preempt=True, preemptible=False, approval="never", preempt_after_wait_s=600
+    )
+    fleet = fleet_using(("h1", 8))
+
+    def plans(victim_remaining_s: float) -> int:
+        jobs = [
+            running(1, {"h1": 8}, est_remaining_s=victim_remaining_s),
+            job(2, class_name="prod"),
+        ]
+        d = schedule(hosts=fleet, jobs=jobs, classes=patient, quotas=[], now=0.0)
+        return len(d.preemptions)
+
+    assert plans(300.0) == 0  # frees up within 10 minutes anyway: no work thrown away
+    assert plans(3600.0) == 1
