@@ -420,6 +420,9 @@ class _Pass:
     def consider(self, job: JobView) -> None:
         gpu = job.gpus > 0
         need = _units(job)
+        if need < 1 or job.hosts < 1:
+            self.wait(job, "waiting: asks for no GPUs or CPU slots, or for no hosts")
+            return
         pools = [job.pool] if job.pool is not None else self.pools
         lanes = [self.lanes[(p, gpu)] for p in pools if (p, gpu) in self.lanes]
         if not lanes:
@@ -440,8 +443,8 @@ class _Pass:
             where = f"pool {job.pool}" if job.pool else "any pool"
             self.wait(
                 job,
-                f"waiting: never fits: {where} has fewer than {job.hosts} schedulable host(s) "
-                f"with {need} {lanes[0].unit}",
+                f"waiting: cannot fit: {where} has fewer than {job.hosts} schedulable "
+                f"host(s) with {need} {lanes[0].unit}",
             )
             return
         if job.preemption_requested:

@@ -322,10 +322,10 @@ def test_a_requester_holds_idle_hosts_so_lower_jobs_do_not_take_them():
     assert 3 in d.waiting
 
 
-def test_a_job_that_can_never_fit_does_not_block_others():
-    fleet = [host("h1"), host("h2")]
-    d = run(fleet, [job(1, class_name="prod", hosts=3), job(2)])
-    assert d.waiting[1].startswith("waiting: never fits")
+def test_a_job_that_cannot_fit_does_not_block_others():
+    fleet = [host("h1"), host("h2"), host("h3", schedulable=False)]
+    d = run(fleet, [job(1, class_name="prod", hosts=3, pool="h200"), job(2)])
+    assert d.waiting[1].startswith("waiting: cannot fit: pool h200 has fewer than 3")
     assert placed(d) == {2: ["h1"]}
 
 
