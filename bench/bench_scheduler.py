@@ -9,9 +9,12 @@ Work: 10,000 jobs from 500 domains and 20 teams (domains Zipf-distributed over t
 distributions (seeded); 60 % of jobs name their team's pool, the rest take any pool. Each team
 has a quota (guaranteed GPUs) in its home pool; the quotas of a pool add up to the pool.
 Classes: prod (may preempt, never preempted), standard and batch (preemptible, auto-approved
-when the victim checkpointed less than 30 / 60 minutes ago; otherwise an admin approves after
-10 simulated minutes). Jobs checkpoint every 30 minutes of running; a preempted job loses the
-work since its last checkpoint and goes back to the queue at its old place.
+when the victim checkpointed less than 30 / 60 minutes ago, otherwise an admin approves after
+10 simulated minutes; they reclaim their team's quota from borrowers only after a 15-minute
+wait). Jobs checkpoint every 30 minutes of running; a preempted job loses the work since its
+last checkpoint and goes back to the queue at its old place. The scheduler sees each running
+job's remaining time as the console estimates it (step rate x steps left), off by a per-job
+lognormal factor (sigma 0.3).
 
 At every arrival, finish and preemption stop the simulator calls the policy with the whole
 fleet and queue and applies its decisions; the decision time is the time inside that call.
@@ -99,7 +102,8 @@ class SimJob:
     view: JobView
     arrival: float
     work_s: float  # running time it needs in all
-    est_total_s: float  # what its owner declared (noisy)
+    est_factor: float  # its runtime estimate / the truth (the console's estimate is the
+    # measured step rate x the steps left, off by this factor for the whole run)
     done_s: float = 0.0  # work saved at its last checkpoint
     started_at: float | None = None
     first_start: float | None = None
@@ -200,7 +204,7 @@ class Simulation:
                 pool=w["pool"],
                 est_remaining_s=w["est"],
             )
-            self.jobs[w["run_id"]] = SimJob(view, w["arrival"], w["work"], w["est"])
+            self.jobs[w["run_id"]] = SimJob(view, w["arrival"], w["work"], w["est"] / w["work"])
             self.push(w["arrival"], "arrive", w["run_id"], 0)
         self.queued: dict[int, SimJob] = {}
         self.running: dict[int, SimJob] = {}
@@ -212,6 +216,7 @@ class Simulation:
         self.busy_gpu_s = 0.0
         self.pool_free = {p: n * GPUS_PER_HOST for p, n in POOLS.items()}
         self.pool_busy_gpu_s = 0.0
+        self.demand: dict[str | None, int] = {None: 0, **{p: 0 for p in POOLS}}  # queued jobs
         self.pool_cap_gpu_s = 0.0
         self.last_t = 0.0
         self.preemptions = 0
@@ -221,6 +226,10 @@ class Simulation:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, run_id, epoch))
 
+    def enqueue(self, job: SimJob) -> None:
+        self.queued[job.view.run_id] = job
+        self.demand[job.view.pool] += 1
+
     def advance(self, t: float) -> None:
         dt = t - self.last_t
         if dt > 0:
@@ -229,8 +238,7 @@ class Simulation:
                 self.busy_queued_gpu_s += self.busy * dt
                 self.queued_s += dt
                 # per pool: only while something that may run in that pool waits
-                wanted = {j.view.pool for j in self.queued.values()}
-                for pool in POOLS if None in wanted else wanted:
+                for pool in POOLS if self.demand[None] else [p for p in POOLS if self.demand[p]]:
                     cap = POOLS[pool] * GPUS_PER_HOST
                     self.pool_busy_gpu_s += (cap - self.pool_free[pool]) * dt
                     self.pool_cap_gpu_s += cap * dt
@@ -244,7 +252,7 @@ class Simulation:
                 _, _, kind, run_id, epoch = heapq.heappop(self.events)
                 job = self.jobs[run_id]
                 if kind == "arrive":
-                    self.queued[run_id] = job
+                    self.enqueue(job)
                 elif kind == "finish" and job.epoch == epoch and run_id in self.running:
                     self.stop(job, t, finished=True)
                 elif kind == "preempt" and job.epoch == epoch and run_id in self.running:
@@ -269,17 +277,17 @@ class Simulation:
         saved = math.floor(elapsed / CHECKPOINT_EVERY_S) * CHECKPOINT_EVERY_S
         job.done_s += saved
         job.lost_gpu_h += width * (elapsed - saved) / 3600.0
-        job.view.est_remaining_s = max(60.0, job.est_total_s - job.done_s)
+        job.view.est_remaining_s = max(60.0, (job.work_s - job.done_s) * job.est_factor)
         job.preemptions += 1
         self.preemptions += 1
-        self.queued[job.view.run_id] = job  # keeps its queued_at: back at its old place
+        self.enqueue(job)  # keeps its queued_at: back at its old place
 
     def refresh(self, t: float) -> None:
         for job in self.running.values():
             assert job.started_at is not None
             elapsed = t - job.started_at
             v = job.view
-            v.est_remaining_s = max(60.0, job.est_total_s - job.done_s - elapsed)
+            v.est_remaining_s = max(60.0, (job.work_s - job.done_s - elapsed) * job.est_factor)
             age = elapsed % CHECKPOINT_EVERY_S
             v.last_checkpoint_age_s = age
             v.next_checkpoint_in_s = CHECKPOINT_EVERY_S - age
@@ -321,6 +329,7 @@ class Simulation:
         assert len({a.host for a in placement.allocations}) == v.hosts
         v.running_on = list(placement.allocations)
         del self.queued[v.run_id]
+        self.demand[v.pool] -= 1
         self.running[v.run_id] = job
         job.started_at = t
         v.preemption_requested = False  # its request is done once it runs
