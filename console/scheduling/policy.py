@@ -137,11 +137,12 @@ class _Index:
     """Free units per host, bucketed by how many are free, so "H hosts with N free?" is a few
     dict lookups instead of a scan of the pool."""
 
-    __slots__ = ("free", "buckets")
+    __slots__ = ("free", "buckets", "total")
 
     def __init__(self) -> None:
         self.free: dict[str, int] = {}
         self.buckets: dict[int, dict[str, None]] = {}
+        self.total = 0  # free units over all hosts
 
     def set(self, host: str, units: int) -> None:
         old = self.free.get(host)
@@ -152,6 +153,8 @@ class _Index:
             del bucket[host]
             if not bucket:
                 del self.buckets[old]
+            self.total -= old
+        self.total += units
         self.free[host] = units
         self.buckets.setdefault(units, {})[host] = None
 
@@ -325,6 +328,7 @@ class _Pass:
                     lane = self.lanes[(h.pool, gpu)] = _Lane(h.pool, gpu, now, classes)
                 free = max(0, h.gpus_free if gpu else h.cpu_free)
                 lane.now.free[h.name] = free
+                lane.now.total += free
                 bucket = lane.now.buckets.get(free)
                 if bucket is None:
                     bucket = lane.now.buckets[free] = {}
@@ -433,6 +437,8 @@ class _Pass:
             )
             return
         end = self.now + max(0.0, job.est_remaining_s)
+        if len(lanes) > 1:  # any pool: the one with the most idle capacity first
+            lanes.sort(key=lambda ln: -ln.now.total)
         for lane in lanes:
             hosts, backfill = self.try_place(lane, need, job.hosts, end)
             if hosts is not None:
