@@ -5,8 +5,9 @@ the database into these views under a PostgreSQL advisory lock, calls `schedule(
 writes the decisions back; the unit tests and `bench/bench_scheduler.py` call `schedule()` on
 views they build themselves.
 
-INTERFACE (agreed between the policy and the console side; the policy's author fills in the
-algorithm and may add fields, but keeps these names and meanings):
+The dataclasses below are the interface agreed with the console side (fields may be added
+with defaults; names and meanings stay). The algorithm follows them; it is measured by
+`python -m bench scheduler`.
 """
 
 from __future__ import annotations
@@ -129,6 +130,14 @@ class Decisions:
 # job whose class may preempt, or whose team is under its quota while others borrow in the
 # pool (Kueue's reclaimWithinCohort), gets a preemption plan instead; it starts in a later pass
 # once the victims have stopped.
+#
+# Victims: preemptible classes whose approval is not "never", not already stopping; for a class
+# preemption any lower class, for a reclaim the borrowers (teams over their quota in the pool)
+# of the same or a lower class. Per host the cheapest set that frees enough (borrowers first,
+# then lower class, then GPU-hours since the last checkpoint); of the hosts, those whose sets
+# hold the fewest non-borrowers, then cost least, then have fewest victims. Only a team's first
+# blocked job per lane searches in a pass, and a failed search is remembered for jobs it
+# dominates, so a long queue behind a full pool costs little.
 
 _INF = float("inf")
 
