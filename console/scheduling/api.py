@@ -43,7 +43,7 @@ def _invalid(error: ValidationError, detail: str) -> tuple[int, dict[str, Any]]:
 # --- schemas --------------------------------------------------------------------------------
 
 
-class QueuedOut(Schema):
+class QueueRunOut(Schema):
     run_id: int
     name: str
     team: str
@@ -56,7 +56,7 @@ class QueuedOut(Schema):
     reason: str
 
 
-class RunningOut(Schema):
+class QueueAttemptOut(Schema):
     run_id: int
     name: str
     team: str
@@ -68,7 +68,7 @@ class RunningOut(Schema):
     max_steps: int
 
 
-class DecisionOut(Schema):
+class SchedulingDecisionOut(Schema):
     run_id: int
     run: str
     kind: str
@@ -77,12 +77,12 @@ class DecisionOut(Schema):
 
 
 class QueueOut(Schema):
-    pending: list[QueuedOut]
-    running: list[RunningOut]
-    decisions: list[DecisionOut]
+    pending: list[QueueRunOut]
+    running: list[QueueAttemptOut]
+    decisions: list[SchedulingDecisionOut]
 
 
-class HostRunOut(Schema):
+class FleetHostRunOut(Schema):
     run_id: int | None
     name: str
     team: str
@@ -90,7 +90,7 @@ class HostRunOut(Schema):
     cpu_slots: int
 
 
-class HostOut(Schema):
+class FleetHostOut(Schema):
     id: int
     name: str
     pool: str
@@ -101,14 +101,14 @@ class HostOut(Schema):
     cpu_slots: int
     cpu_used: int
     heartbeat_age_s: float | None
-    runs: list[HostRunOut]
+    runs: list[FleetHostRunOut]
 
 
-class HostActionIn(Schema):
+class FleetHostActionIn(Schema):
     reason: str = Field("", max_length=300)
 
 
-class ClassIn(Schema):
+class PriorityClassIn(Schema):
     name: str = Field(..., min_length=1, max_length=64, pattern=r"^[-a-zA-Z0-9_]+$")
     value: int = Field(..., ge=-(10**6), le=10**6)
     can_preempt: bool = False
@@ -119,35 +119,35 @@ class ClassIn(Schema):
     description: str = Field("", max_length=500)
 
 
-class ClassOut(ClassIn):
+class PriorityClassOut(PriorityClassIn):
     id: int
 
 
-class PoolIn(Schema):
+class ResourcePoolIn(Schema):
     name: str = Field(..., min_length=1, max_length=64)
     description: str = Field("", max_length=500)
 
 
-class PoolOut(Schema):
+class ResourcePoolOut(Schema):
     id: int
     name: str
     description: str
     hosts: list[str]
 
 
-class QuotaIn(Schema):
+class TeamQuotaIn(Schema):
     team: str = Field(..., max_length=64, description="The team's slug")
     pool: str = Field(..., max_length=64)
     gpus: int = Field(..., ge=0, le=100000, description="0 removes the quota")
 
 
-class QuotaOut(Schema):
+class TeamQuotaOut(Schema):
     team: str
     pool: str
     gpus: int
 
 
-class VictimOut(Schema):
+class PreemptionVictimOut(Schema):
     run_id: int
     name: str
     team: str
@@ -175,10 +175,10 @@ class PreemptionOut(Schema):
     rejection_reason: str
     created_at: dt.datetime
     expires_at: dt.datetime
-    victims: list[VictimOut]
+    victims: list[PreemptionVictimOut]
 
 
-class RejectIn(Schema):
+class PreemptionRejectIn(Schema):
     reason: str = Field(..., max_length=1000, description="Why (shown to the requester's team)")
 
 
@@ -266,7 +266,9 @@ def _host_out(row: selectors.HostRow, membership: Membership) -> dict[str, Any]:
     }
 
 
-@router.get("/fleet", response=answers({200: list[HostOut]}), summary="Hosts and what runs on them")
+@router.get(
+    "/fleet", response=answers({200: list[FleetHostOut]}), summary="Hosts and what runs on them"
+)
 def fleet(request: HttpRequest) -> Any:
     membership = api_member(request)
     return [_host_out(row, membership) for row in selectors.fleet()]
@@ -274,10 +276,10 @@ def fleet(request: HttpRequest) -> Any:
 
 @router.post(
     "/hosts/{name}/{action}",
-    response=answers({200: HostOut}),
+    response=answers({200: FleetHostOut}),
     summary="cordon (no new placements), drain (running jobs finish, then cordoned), uncordon",
 )
-def host_action(request: HttpRequest, name: str, action: str, payload: HostActionIn) -> Any:
+def host_action(request: HttpRequest, name: str, action: str, payload: FleetHostActionIn) -> Any:
     membership = _admin(request)
     if action not in services.HOST_ACTIONS:
         raise HttpError(404, f"No such action {action!r} (cordon, drain, uncordon)")
@@ -305,15 +307,17 @@ def _class_out(cls: PriorityClass) -> dict[str, Any]:
     return {"id": cls.pk, **{name: getattr(cls, name) for name in services.CLASS_FIELDS}}
 
 
-@router.get("/classes", response=answers({200: list[ClassOut]}), summary="Priority classes")
+@router.get("/classes", response=answers({200: list[PriorityClassOut]}), summary="Priority classes")
 def class_list(request: HttpRequest) -> Any:
     api_member(request)
     services.default_class()
     return [_class_out(c) for c in selectors.class_list()]
 
 
-@router.post("/classes", response=answers({201: ClassOut}), summary="Create a priority class")
-def class_create(request: HttpRequest, payload: ClassIn) -> Any:
+@router.post(
+    "/classes", response=answers({201: PriorityClassOut}), summary="Create a priority class"
+)
+def class_create(request: HttpRequest, payload: PriorityClassIn) -> Any:
     membership = _admin(request)
     try:
         cls = services.class_save(actor=request.user, team=membership.team, values=payload.dict())
@@ -329,8 +333,8 @@ def _class(name: str) -> PriorityClass:
     return cls
 
 
-@router.put("/classes/{name}", response=answers({200: ClassOut}), summary="Change a class")
-def class_update(request: HttpRequest, name: str, payload: ClassIn) -> Any:
+@router.put("/classes/{name}", response=answers({200: PriorityClassOut}), summary="Change a class")
+def class_update(request: HttpRequest, name: str, payload: PriorityClassIn) -> Any:
     membership = _admin(request)
     cls = _class(name)
     try:
@@ -353,7 +357,7 @@ def class_delete(request: HttpRequest, name: str) -> Any:
     return 204, None
 
 
-@router.get("/pools", response=answers({200: list[PoolOut]}), summary="Resource pools")
+@router.get("/pools", response=answers({200: list[ResourcePoolOut]}), summary="Resource pools")
 def pool_list(request: HttpRequest) -> Any:
     api_member(request)
     services.default_pool()
@@ -368,8 +372,8 @@ def pool_list(request: HttpRequest) -> Any:
     ]
 
 
-@router.post("/pools", response=answers({201: PoolOut}), summary="Create a resource pool")
-def pool_create(request: HttpRequest, payload: PoolIn) -> Any:
+@router.post("/pools", response=answers({201: ResourcePoolOut}), summary="Create a resource pool")
+def pool_create(request: HttpRequest, payload: ResourcePoolIn) -> Any:
     membership = _admin(request)
     try:
         pool = services.pool_create(
@@ -383,7 +387,7 @@ def pool_create(request: HttpRequest, payload: PoolIn) -> Any:
     return 201, {"id": pool.pk, "name": pool.name, "description": pool.description, "hosts": []}
 
 
-@router.get("/quotas", response=answers({200: list[QuotaOut]}), summary="Teams' quotas")
+@router.get("/quotas", response=answers({200: list[TeamQuotaOut]}), summary="Teams' quotas")
 def quota_list(request: HttpRequest) -> Any:
     api_member(request)
     return [
@@ -393,10 +397,10 @@ def quota_list(request: HttpRequest) -> Any:
 
 @router.put(
     "/quotas",
-    response=answers({200: QuotaOut}),
+    response=answers({200: TeamQuotaOut}),
     summary="Set a team's guaranteed GPUs in a pool (0 removes the quota)",
 )
-def quota_set(request: HttpRequest, payload: QuotaIn) -> Any:
+def quota_set(request: HttpRequest, payload: TeamQuotaIn) -> Any:
     membership = _admin(request)
     errors: dict[str, list[str]] = {}
     team = Team.objects.filter(slug=payload.team).first()
@@ -506,7 +510,7 @@ def preemption_approve(request: HttpRequest, pk: int) -> Any:
     response=answers({200: PreemptionOut, 409: ErrorOut}),
     summary="Reject, saying why: the victims are left alone",
 )
-def preemption_reject(request: HttpRequest, pk: int, payload: RejectIn) -> Any:
+def preemption_reject(request: HttpRequest, pk: int, payload: PreemptionRejectIn) -> Any:
     preemption = _preemption(request, pk)
     if preemption.state != PreemptionState.PENDING:
         return 409, {"detail": f"the request is already {preemption.state}", "errors": {}}
