@@ -339,4 +339,7 @@ def execute(attempt_id: int) -> dict[str, Any]:
         with _supervised_lock:
             _supervised.pop(attempt_id, None)
         _give_back_gpus(gpus)
+        # The slot is free only now (the scheduler counts an ended attempt whose exit the
+        # agent has not recorded as still here): ask for a pass.
+        services.request_placement()
         close_old_connections()

@@ -178,7 +178,20 @@ def _fleet(now: dt.datetime) -> tuple[list[Host], list[policy.HostView], dict[in
         for a in Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES).select_related("run", "host")
     }
     used: dict[int, list[int]] = {h.pk: [0, 0] for h in hosts}
-    for attempt in live.values():
+    # An attempt that has ended but whose job the agent has not yet seen exit (no exit code
+    # yet: a preempted job still tearing down) holds its slot: the agent would not take the
+    # next attempt before then, and the sweep would take that attempt for lost.
+    exiting = (
+        Attempt.objects.filter(
+            exit_code__isnull=True,
+            started_at__isnull=False,
+            ended_at__gte=fresh,
+            host__state__in=[HostState.READY, HostState.CORDONED, HostState.DRAINING],
+        )
+        .exclude(state__in=LIVE_ATTEMPT_STATES)
+        .select_related("run")
+    )
+    for attempt in [*live.values(), *exiting]:
         if attempt.run.gpus:
             used[attempt.host_id][0] += attempt.run.gpus
         else:

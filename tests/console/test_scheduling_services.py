@@ -169,6 +169,7 @@ def test_once_the_victim_stops_the_requester_is_placed_and_the_request_is_done(
     services.preemption_approve(actor=lab.people.teammate_admin, request=request)
     attempt = victim.attempts.get(state=AttemptState.RUNNING)
     runs_services.attempt_finished(attempt_id=attempt.pk, status="preempted", step=2)
+    Attempt.objects.filter(pk=attempt.pk).update(exit_code=3)  # the agent saw the job exit
     services.schedule_pass()
     request.refresh_from_db()
     requester.refresh_from_db()
@@ -268,3 +269,20 @@ def test_a_pass_while_another_holds_the_lock_does_nothing(lab: Lab) -> None:
         assert run.state == RunState.QUEUED
     finally:
         other.close()
+
+
+def test_a_slot_frees_only_once_the_agent_has_seen_the_preempted_job_exit(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    attempt = victim.attempts.get(state=AttemptState.RUNNING)
+    runs_services.attempt_finished(attempt_id=attempt.pk, status="preempted", step=2)
+    waiting = launch(lab, "next")
+    services.schedule_pass()
+    waiting.refresh_from_db()
+    # The job reported, but its process is still tearing down: the agent is busy with it.
+    assert waiting.state == RunState.QUEUED
+    Attempt.objects.filter(pk=attempt.pk).update(exit_code=0)  # what the agent records
+    services.schedule_pass()
+    placed = {r.name for r in Run.objects.filter(state=RunState.SCHEDULED)}
+    assert placed & {"next", "victim"}
