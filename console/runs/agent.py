@@ -216,36 +216,40 @@ def _preempt_grace_s(run: Run) -> float:
 
 
 class _Preemption:
-    """The agent's side of a preemption: the job's Control asks it to checkpoint and stop;
-    the agent also sends the job SIGTERM (which the job turns into the same preempt), and
-    SIGKILLs its process group if it is still running the class's grace period later."""
+    """The agent's side of a preemption: the job's Control asks it to checkpoint and stop at
+    its next step; the agent also sends a single-process job SIGTERM (which the job turns
+    into the same preempt), and SIGKILLs the job's process group if it still runs the class's
+    grace period later. A job under torchrun gets no SIGTERM first: torchrun answers one by
+    tearing its workers down, checkpoint or not, so it stops through its Control alone."""
 
-    def __init__(self, attempt: Attempt) -> None:
+    def __init__(self, attempt: Attempt, *, ranks: int) -> None:
         self.attempt = attempt
         self.grace_s = _preempt_grace_s(attempt.run)
-        self.termed_at: float | None = None
+        self.single_process = ranks <= 1
+        self.asked_at: float | None = None
         self.killed = False
 
     def check(self, process: subprocess.Popen[bytes], now: float) -> None:
         if self.killed:
             return
-        if self.termed_at is None:
+        if self.asked_at is None:
             if _preempt_requested_at(self.attempt) is None:
                 return
             # Only once the job runs: before that its SIGTERM handler may not be installed
             # (the Control delivers the preempt at its first step anyway).
             if not Attempt.objects.filter(pk=self.attempt.pk, state=AttemptState.RUNNING).exists():
                 return
-            self.termed_at = now
-            services.attempt_append_log(self.attempt.pk, "[agent] preempted: SIGTERM\n")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)  # the leader: torchrun forwards it
+            self.asked_at = now
+            if self.single_process:
+                services.attempt_append_log(self.attempt.pk, "[agent] preempted: SIGTERM\n")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
             return
-        if now - self.termed_at >= self.grace_s:
+        if now - self.asked_at >= self.grace_s:
             self.killed = True
             services.attempt_append_log(
                 self.attempt.pk,
-                f"[agent] still running {self.grace_s:.0f} s after SIGTERM: SIGKILL\n",
+                f"[agent] still running {self.grace_s:.0f} s after the preemption: SIGKILL\n",
             )
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -300,7 +304,7 @@ def execute(attempt_id: int) -> dict[str, Any]:
         services.attempt_append_log(attempt_id, f"$ {' '.join(command)}  (pid {process.pid})\n")
         output = _Output(process.stdout)
         stopped = False
-        preemption = _Preemption(attempt)
+        preemption = _Preemption(attempt, ranks=len(gpus))
         while process.poll() is None:
             # Wakes at once when the job exits (the slot is free sooner than a plain sleep).
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -328,7 +332,7 @@ def execute(attempt_id: int) -> dict[str, Any]:
                 status="preempted",
                 step=step,
                 exit_code=code,
-                error=f"killed {preemption.grace_s:.0f} s after SIGTERM (its class's grace)",
+                error=f"killed {preemption.grace_s:.0f} s after the preemption (its class's grace)",
             )
         else:
             # A job that reported its outcome has already ended its attempt; one that did not
