@@ -203,6 +203,7 @@ class _Lane:
         self.reservation: _Reservation | None = None
         self.failed_preemptions: list[tuple[int, int, int, bool]] = []
         self.preempt_tried: set[str] = set()  # teams that tried a preemption here this pass
+        self.unfit: set[tuple[int, int, bool]] = set()  # (units, hosts, past the head's start)
         self._t = now
         self._classes = classes
         self._releases: list[tuple[float, str, int, int]] | None = None
@@ -314,59 +315,74 @@ class _Pass:
         self.now = now
         self.classes = classes
         self.decisions = Decisions()
-        self.pool_of: dict[str, str] = {h.name: h.pool for h in hosts}
         self.queued: list[JobView] = []
         running: list[JobView] = []
-        resources: set[bool] = set()  # the lanes this pass needs: GPUs, CPU slots
+        want_gpu = want_cpu = False  # the lanes this pass needs
         for job in jobs:
             if job.running_on:
                 running.append(job)
+            elif job.gpus > 0:
+                self.queued.append(job)
+                want_gpu = True
             else:
                 self.queued.append(job)
-                resources.add(job.gpus > 0)
+                want_cpu = True
         self.lanes: dict[tuple[str, bool], _Lane] = {}
+        self.pool_of: dict[str, str] = {}
+        gpu_pools: set[str] = set()
+        lanes = self.lanes
         for h in hosts:
+            name, pool = h.name, h.pool
+            self.pool_of[name] = pool
+            if h.gpus_total > 0:
+                gpu_pools.add(pool)
             if not h.schedulable:
                 continue
-            for gpu in resources:
-                total = h.gpus_total if gpu else h.cpu_total
+            for gpu, total, free in (
+                (True, h.gpus_total, h.gpus_free) if want_gpu else (False, 0, 0),
+                (False, h.cpu_total, h.cpu_free) if want_cpu else (False, 0, 0),
+            ):
                 if total <= 0:
                     continue
-                lane = self.lanes.get((h.pool, gpu))
+                lane = lanes.get((pool, gpu))
                 if lane is None:
-                    lane = self.lanes[(h.pool, gpu)] = _Lane(h.pool, gpu, now, classes)
-                free = max(0, h.gpus_free if gpu else h.cpu_free)
-                lane.now.free[h.name] = free
-                lane.now.total += free
-                bucket = lane.now.buckets.get(free)
+                    lane = lanes[(pool, gpu)] = _Lane(pool, gpu, now, classes)
+                index = lane.now
+                if free < 0:
+                    free = 0
+                index.free[name] = free
+                index.total += free
+                bucket = index.buckets.get(free)
                 if bucket is None:
-                    bucket = lane.now.buckets[free] = {}
-                bucket[h.name] = None
-                lane.total[h.name] = total
-        self.pools = sorted({h.pool for h in hosts})
+                    bucket = index.buckets[free] = {}
+                bucket[name] = None
+                lane.total[name] = total
+        self.pools = sorted(set(self.pool_of.values()))
         # quota in units of the pool's quota resource: GPUs where the pool has GPUs, else slots
-        gpu_pools = {h.pool for h in hosts if h.gpus_total > 0}
         self.quota: dict[tuple[str, str], int] = {(q.team, q.pool): q.gpus for q in quotas}
         self.quota_pools = {q.pool for q in quotas}
         self.quota_gpu = {p: p in gpu_pools for p in self.pools}
         self.usage: dict[tuple[str, str], int] = {}
         self.team_usage: dict[str, int] = {}
         self.victims: set[int] = set()
-        pool_of, usage, team_usage, lanes = self.pool_of, self.usage, self.team_usage, self.lanes
+        self._shares: dict[str, tuple[float, int]] = {}
+        # the same shape of job in the same state of a lane waits for the same reason
+        self._reasons: dict[tuple[str, bool, int, int, str, int, bool], str] = {}
+        pool_of, usage, team_usage = self.pool_of, self.usage, self.team_usage
         quota_gpu = self.quota_gpu
         for job in running:
             gpu = job.gpus > 0
             seen: _Lane | None = None
             for a in job.running_on:
-                pool = pool_of.get(a.host)
-                if pool is None:
+                where = pool_of.get(a.host)
+                if where is None:
                     continue
                 units = a.gpus if gpu else a.cpu_slots
-                if quota_gpu[pool] == gpu:
-                    key = (job.team, pool)
+                if quota_gpu[where] == gpu:
+                    key = (job.team, where)
                     usage[key] = usage.get(key, 0) + units
                     team_usage[job.team] = team_usage.get(job.team, 0) + units
-                lane = lanes.get((pool, gpu))
+                lane = lanes.get((where, gpu))
                 if lane is not None and lane is not seen:
                     lane.jobs.append(job)
                     seen = lane
@@ -376,13 +392,17 @@ class _Pass:
     def share(self, team: str) -> tuple[float, int]:
         """Fair-share key: the team's dominant usage/quota over pools (no quota: infinite once
         it uses anything), then its total usage."""
+        cached = self._shares.get(team)
+        if cached is not None:
+            return cached
         worst = 0.0
         for pool in self.quota_pools:
             used = self.usage.get((team, pool), 0)
             if used:
                 q = self.quota.get((team, pool), 0)
                 worst = max(worst, used / q if q > 0 else _INF)
-        return (worst, self.team_usage.get(team, 0))
+        share = self._shares[team] = (worst, self.team_usage.get(team, 0))
+        return share
 
     def order(self) -> list[tuple[list[JobView], list[list[JobView]]]]:
         """Queued jobs grouped by class (highest value first); in each class the requesters of
@@ -481,12 +501,17 @@ class _Pass:
     def try_place(
         self, lane: _Lane, need: int, n: int, end: float
     ) -> tuple[list[str] | None, bool]:
+        # Free units only shrink during a pass, so a shape that did not fit stays unfit: a
+        # long queue behind a full pool is answered from this set, not from the index.
         res = lane.reservation
-        if res is None:
-            return lane.now.pick(need, n), False
-        if end <= res.start:
-            return lane.now.pick(need, n), True
-        return res.long.pick(need, n), True
+        long = res is not None and end > res.start
+        key = (need, n, long)
+        if key in lane.unfit:
+            return None, res is not None
+        hosts = (res.long if res is not None and long else lane.now).pick(need, n)
+        if hosts is None:
+            lane.unfit.add(key)
+        return hosts, res is not None
 
     def place(
         self, job: JobView, lane: _Lane, hosts: list[str], need: int, end: float, backfill: bool
@@ -501,6 +526,7 @@ class _Pass:
             key = (job.team, lane.pool)
             self.usage[key] = self.usage.get(key, 0) + need * len(hosts)
             self.team_usage[job.team] = self.team_usage.get(job.team, 0) + need * len(hosts)
+            self._shares.pop(job.team, None)
             if lane.pool in self.quota_pools and self.usage[key] > self.quota.get(key, 0):
                 reason += f" (borrowing idle capacity in pool {lane.pool})"
         self.decisions.placements.append(Placement(job.run_id, allocations, reason))
@@ -510,6 +536,14 @@ class _Pass:
 
     def blocked_reason(self, job: JobView, lanes: list[_Lane], need: int) -> str:
         lane = lanes[0]
+        res = lane.reservation
+        key = (lane.pool, lane.gpu, need, job.hosts, job.team, lane.now.total, res is not None)
+        reason = self._reasons.get(key)
+        if reason is None:
+            reason = self._reasons[key] = self._blocked_reason(job, lane, need)
+        return reason
+
+    def _blocked_reason(self, job: JobView, lane: _Lane, need: int) -> str:
         if lane.reservation is not None and lane.now.pick(need, job.hosts) is not None:
             return f"waiting: behind higher-priority run {lane.reservation.run_id}"
         key = (job.team, lane.pool)
@@ -698,6 +732,7 @@ class _Pass:
         lane.hold(hosts, need)
         key = (job.team, lane.pool)
         self.usage[key] = self.usage.get(key, 0) + need * job.hosts  # counts against its quota now
+        self._shares.pop(job.team, None)
 
 
 def schedule(
