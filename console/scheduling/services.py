@@ -29,6 +29,7 @@ from console.runs import services as runs_services
 from console.runs.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
+    Checkpoint,
     CommandKind,
     Host,
     HostState,
@@ -123,6 +124,7 @@ def _job_view(
     fallback: PriorityClass,
     pending_victims: set[int],
     open_requesters: set[int],
+    checkpoints: dict[int, Checkpoint],
 ) -> policy.JobView:
     cls = classes.get(run.priority_class_id or 0, fallback)
     rate = _seconds_per_step(run, attempt, now)
@@ -148,7 +150,7 @@ def _job_view(
             cpu_slots=0 if run.gpus else run.cpu_slots,
         )
     ]
-    checkpoint = runs_services.last_checkpoint(run)
+    checkpoint = checkpoints.get(run.pk)
     started = attempt.started_at or attempt.scheduled_at
     view.running_for_s = max((now - started).total_seconds(), 0.0)
     if checkpoint is not None:
@@ -215,6 +217,19 @@ def _fleet(now: dt.datetime) -> tuple[list[Host], list[policy.HostView], dict[in
     return hosts, views, live
 
 
+def _last_checkpoints(run_ids: list[int]) -> dict[int, Checkpoint]:
+    """Each run's newest recorded checkpoint (as `runs.services.last_checkpoint`), in one
+    query."""
+    if not run_ids:
+        return {}
+    newest = (
+        Checkpoint.objects.filter(run_id__in=run_ids)
+        .order_by("run_id", "-step", "-id")
+        .distinct("run_id")
+    )
+    return {c.run_id: c for c in newest}
+
+
 def _try_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SCHEDULER_LOCK_KEY])
@@ -259,12 +274,15 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
         }
         for run in Run.objects.filter(pk__in=running).select_related("team"):
             running[run.pk] = run
+        checkpoints = _last_checkpoints(list(running))
         jobs = [
-            _job_view(r, None, now, classes, fallback, pending_victims, open_requesters)
+            _job_view(r, None, now, classes, fallback, pending_victims, open_requesters, {})
             for r in queued.values()
         ]
         jobs += [
-            _job_view(r, live[r.pk], now, classes, fallback, pending_victims, open_requesters)
+            _job_view(
+                r, live[r.pk], now, classes, fallback, pending_victims, open_requesters, checkpoints
+            )
             for r in running.values()
         ]
         quotas = [
@@ -301,7 +319,10 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
             run = waiting_run
             Run.objects.filter(pk=run.pk).update(state_reason=reason[:2000])
             _decide(run, DecisionKind.WAITING, reason)
-            runs_services.notify(run, "run.state", {"state": run.state, "reason": reason})
+            # Without waiting for Redis: a pass must not slow down with the number of pages.
+            runs_services.notify(
+                run, "run.state", {"state": run.state, "reason": reason}, wait=False
+            )
             result.waiting += 1
         for plan in decisions.preemptions:
             request = _file_request(plan, queued, now)
