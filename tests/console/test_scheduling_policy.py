@@ -381,3 +381,14 @@ def test_preempt_after_wait_lets_a_short_wait_pass_without_preemption():
 
     assert plans(300.0) == 0  # frees up within 10 minutes anyway: no work thrown away
     assert plans(3600.0) == 1
+
+
+def test_a_job_for_any_pool_goes_to_the_pool_with_the_most_idle_capacity():
+    fleet = [
+        host("a1", pool="a100", free=8),
+        host("b1", pool="h100", free=8),
+        host("b2", pool="h100", free=8),
+    ]
+    d = run(fleet, [job(1, gpus=4)])
+    assert placed(d)[1][0].startswith("b")
+    assert d.placements[0].allocations[0].gpus == 4
