@@ -131,6 +131,9 @@ def _bench(hosts: int, gpus: int, queued: int, passes: int) -> int:
             first = (elapsed, result)
         else:
             pass_s.append(elapsed)
+    from console.broadcast import flush_soon
+
+    flush_soon(timeout=120)  # the pages' notices, before Redis stops
     if profile is not None:
         import pstats
 

@@ -266,13 +266,16 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
             for r in Run.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(state=RunState.QUEUED)
             .select_related("team")
+            .defer("request", "pins", "spec", "error")
         }
         running = {
             a.run_id: a.run
             for a in live.values()
             if a.run.state in _OCCUPYING_RUN_STATES and a.run_id not in queued
         }
-        for run in Run.objects.filter(pk__in=running).select_related("team"):
+        for run in (
+            Run.objects.filter(pk__in=running).select_related("team").defer("request", "pins")
+        ):
             running[run.pk] = run
         checkpoints = _last_checkpoints(list(running))
         jobs = [
