@@ -392,3 +392,20 @@ def test_a_job_for_any_pool_goes_to_the_pool_with_the_most_idle_capacity():
     d = run(fleet, [job(1, gpus=4)])
     assert placed(d)[1][0].startswith("b")
     assert d.placements[0].allocations[0].gpus == 4
+
+
+def test_a_pass_leaves_its_inputs_as_they_were():
+    import copy
+
+    fleet = fleet_using(("h1", 8), ("h2", 4), ("h3", 0))
+    jobs = [
+        running(1, {"h1": 8}, last_checkpoint_age_s=60.0),
+        running(2, {"h2": 4}),
+        job(3, class_name="prod", hosts=2),
+        job(4, gpus=2),
+        job(5, gpus=8, hosts=3),
+    ]
+    before = copy.deepcopy((fleet, jobs))
+    d = run(fleet, jobs, [Quota("a", "h200", 8)])
+    assert d.preemptions and d.waiting  # the pass did decide something
+    assert (fleet, jobs) == before
