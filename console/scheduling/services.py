@@ -315,18 +315,25 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
             attempt = runs_services._schedule(run, host)
             _decide(run, DecisionKind.PLACED, placement.reason)
             result.placed.append(attempt)
+        changed: dict[str, list[Run]] = {}
         for run_id, reason in decisions.waiting.items():
             waiting_run = queued.get(run_id)
-            if waiting_run is None or waiting_run.state_reason == reason:
-                continue
-            run = waiting_run
-            Run.objects.filter(pk=run.pk).update(state_reason=reason[:2000])
-            _decide(run, DecisionKind.WAITING, reason)
-            # Without waiting for Redis: a pass must not slow down with the number of pages.
-            runs_services.notify(
-                run, "run.state", {"state": run.state, "reason": reason}, wait=False
-            )
-            result.waiting += 1
+            if waiting_run is not None and waiting_run.state_reason != reason[:2000]:
+                changed.setdefault(reason[:2000], []).append(waiting_run)
+        # Many runs share a reason: one UPDATE per reason, one INSERT for the log.
+        log = []
+        for reason, runs in changed.items():
+            Run.objects.filter(pk__in=[r.pk for r in runs]).update(state_reason=reason)
+            for run in runs:
+                log.append(
+                    SchedulingDecision(run=run, kind=DecisionKind.WAITING, reason=reason[:1000])
+                )
+                # Without waiting for Redis: a pass must not slow down with the open pages.
+                runs_services.notify(
+                    run, "run.state", {"state": run.state, "reason": reason}, wait=False
+                )
+        SchedulingDecision.objects.bulk_create(log)
+        result.waiting = len(log)
         for plan in decisions.preemptions:
             request = _file_request(plan, queued, now)
             if request is not None:
