@@ -643,21 +643,23 @@ class _Pass:
             )
             chosen: list[JobView] = []
             freed = 0
+            alone: list[tuple[tuple[int, float, int], list[JobView]]] = []
             for v in candidates:
-                chosen.append(v)
-                freed += sum(
+                here = sum(
                     a.gpus if lane.gpu else a.cpu_slots for a in v.running_on if a.host == host
                 )
-                if freed >= deficit:
-                    break
-            if freed < deficit:
+                if here >= deficit:  # frees enough by itself
+                    alone.append((self.victims_key([v], lane.pool), [v]))
+                if freed < deficit:
+                    chosen.append(v)
+                    freed += here
+            if freed >= deficit:
+                alone.append((self.victims_key(chosen, lane.pool), chosen))
+            if not alone:
                 continue
-            key3 = (
-                sum(1 for v in chosen if not self.borrower(v.team, lane.pool)),
-                sum(_victim_cost(v) for v in chosen),
-                len(chosen),
-            )
-            options.append((key3, host, chosen))
+            # the cheapest of: the greedy set (cheapest first) and any one victim that suffices
+            key3, best = min(alone, key=lambda o: o[0])
+            options.append((key3, host, best))
         if len(options) < job.hosts:
             lane.failed_preemptions.append((cls.value, need, job.hosts, reclaim))
             return False
@@ -674,6 +676,15 @@ class _Pass:
             job, lane, need, hosts, list(victims.values()), reclaim and not cls.can_preempt
         )
         return True
+
+    def victims_key(self, victims: list[JobView], pool: str) -> tuple[int, float, int]:
+        """Lower is cheaper: victims within their quota, GPU-hours since their checkpoints,
+        how many."""
+        return (
+            sum(1 for v in victims if not self.borrower(v.team, pool)),
+            sum(_victim_cost(v) for v in victims),
+            len(victims),
+        )
 
     def borrower(self, team: str, pool: str) -> bool:
         return self.usage.get((team, pool), 0) > self.quota.get((team, pool), 0)

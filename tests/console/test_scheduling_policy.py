@@ -268,6 +268,15 @@ def test_preemption_prefers_borrowers_and_fewer_victims():
         job(4, class_name="prod"),
     ]
     assert [v.run_id for v in run(fleet, jobs).preemptions[0].victims] == [3]
+    # on one host: one job of 8 at 1.33 GPU-h beats the two cheapest of 4 at 1 GPU-h each
+    fleet = [host("big", gpus=16, free=0)]
+    jobs = [
+        running(1, {"big": 4}, last_checkpoint_age_s=900.0),
+        running(2, {"big": 4}, last_checkpoint_age_s=900.0),
+        running(3, {"big": 8}, last_checkpoint_age_s=600.0),
+        job(4, class_name="prod"),
+    ]
+    assert [v.run_id for v in run(fleet, jobs).preemptions[0].victims] == [3]
 
 
 def test_approval_policy_auto_ask_and_never():
