@@ -208,6 +208,7 @@ class _Lane:
         self._classes = classes
         self._releases: list[tuple[float, str, int, int]] | None = None
         self._running: dict[str, list[JobView]] | None = None
+        self._victims: dict[str, list[tuple[int, float, int, JobView]]] | None = None
         self._fit_hosts: dict[int, int] = {}
 
     def fits_ever(self, need: int, n: int) -> bool:
@@ -232,6 +233,33 @@ class _Lane:
                         units = a.gpus if self.gpu else a.cpu_slots
                         self._releases.append((end, a.host, units, job.run_id))
         return self._releases + self.placed
+
+    def victim_table(
+        self, classes: dict[str, PriorityClass]
+    ) -> dict[str, list[tuple[int, float, int, JobView]]]:
+        """Per host, the running jobs a preemption may stop at all (class preemptible, approval
+        not "never", not already stopping) as (class value, cost, units here, job), cheapest
+        first; built once per pass, shared by every search."""
+        if self._victims is None:
+            self._victims = {}
+            for host, jobs in self.running.items():
+                rows = []
+                for v in jobs:
+                    vcls = classes.get(v.class_name)
+                    if (
+                        vcls is None
+                        or not vcls.preemptible
+                        or vcls.approval == "never"
+                        or v.preemption_pending
+                    ):
+                        continue
+                    units = sum(
+                        a.gpus if self.gpu else a.cpu_slots for a in v.running_on if a.host == host
+                    )
+                    rows.append((vcls.value, _victim_cost(v), units, v))
+                rows.sort(key=lambda r: (r[0], r[1], r[3].run_id))
+                self._victims[host] = rows
+        return self._victims
 
     @property
     def running(self) -> dict[str, list[JobView]]:
@@ -271,12 +299,15 @@ class _Lane:
         releases: list[tuple[float, str, int, int]] | None = None,
     ) -> tuple[float, list[str], dict[str, int]] | None:
         """When `n` hosts first have `need` free as running jobs end: (time, the hosts, free
-        units per host at that time), or None when it never fits."""
+        units per host at that time), or None when it never fits. `releases`, when given, are
+        sorted by end."""
         free = dict(self.now.free if free is None else free)
         fitting = [h for h, u in free.items() if u >= need]
         if len(fitting) >= n:
             return now, fitting[:n], free
-        for end, h, units, _ in sorted(self.releases if releases is None else releases):
+        if releases is None:
+            releases = sorted(self.releases)
+        for end, h, units, _ in releases:
             before = free[h]
             free[h] = before + units
             if before < need <= free[h]:
@@ -603,58 +634,47 @@ class _Pass:
             if found is not None and found[0] - self.now <= cls.preempt_after_wait_s:
                 return False
 
-        def eligible(v: JobView) -> bool:
-            if (
-                v.preemption_pending
-                or v.run_id in self.victims
-                or v.team == job.team
-                and not cls.can_preempt
-            ):
-                return False
-            vcls = self.classes.get(v.class_name)
-            if vcls is None or not vcls.preemptible or vcls.approval == "never":
-                return False
-            if cls.can_preempt and vcls.value < cls.value:
+        victims_now = self.victims
+        borrowing = {t for t in self.team_usage if self.borrower(t, lane.pool)}
+
+        def usable(value: int, team: str) -> bool:
+            if cls.can_preempt and value < cls.value:
                 return True
             # reclaim takes back borrowed capacity from the same or a lower class only (Kueue's
             # reclaimWithinCohort: LowerOrNewerEqualPriority): a higher-class borrower placed
             # before the requester would take the freed capacity again, and lose work each time
-            return (
-                reclaim
-                and v.team != job.team
-                and vcls.value <= cls.value
-                and self.borrower(v.team, lane.pool)
-            )
+            return reclaim and team != job.team and value <= cls.value and team in borrowing
 
         options: list[tuple[tuple[int, float, int], str, list[JobView]]] = []
+        table = lane.victim_table(self.classes)
         for host, free in lane.now.free.items():
             deficit = need - free
             if deficit <= 0:
                 options.append(((0, 0.0, 0), host, []))
                 continue
-            candidates = [v for v in lane.running.get(host, ()) if eligible(v)]
-            candidates.sort(
-                key=lambda v: (
-                    not self.borrower(v.team, lane.pool),
-                    self.classes[v.class_name].value,
-                    _victim_cost(v),
-                    v.run_id,
-                )
-            )
+            # candidates in (class, cost) order; borrowers first, keeping that order
+            first: list[tuple[int, float, int, JobView]] = []
+            then: list[tuple[int, float, int, JobView]] = []
+            for value, cost, units, v in table.get(host, ()):
+                if v.run_id in victims_now or (v.team == job.team and not cls.can_preempt):
+                    continue
+                if usable(value, v.team):
+                    (first if v.team in borrowing else then).append((value, cost, units, v))
             chosen: list[JobView] = []
-            freed = 0
+            freed = chosen_inside = 0
+            chosen_cost = 0.0
             alone: list[tuple[tuple[int, float, int], list[JobView]]] = []
-            for v in candidates:
-                here = sum(
-                    a.gpus if lane.gpu else a.cpu_slots for a in v.running_on if a.host == host
-                )
-                if here >= deficit:  # frees enough by itself
-                    alone.append((self.victims_key([v], lane.pool), [v]))
+            for _value, cost, units, v in first + then:
+                inside = 0 if v.team in borrowing else 1  # a victim within its team's quota
+                if units >= deficit:  # frees enough by itself
+                    alone.append(((inside, cost, 1), [v]))
                 if freed < deficit:
                     chosen.append(v)
-                    freed += here
+                    freed += units
+                    chosen_inside += inside
+                    chosen_cost += cost
             if freed >= deficit:
-                alone.append((self.victims_key(chosen, lane.pool), chosen))
+                alone.append(((chosen_inside, chosen_cost, len(chosen)), chosen))
             if not alone:
                 continue
             # the cheapest of: the greedy set (cheapest first) and any one victim that suffices
@@ -676,15 +696,6 @@ class _Pass:
             job, lane, need, hosts, list(victims.values()), reclaim and not cls.can_preempt
         )
         return True
-
-    def victims_key(self, victims: list[JobView], pool: str) -> tuple[int, float, int]:
-        """Lower is cheaper: victims within their quota, GPU-hours since their checkpoints,
-        how many."""
-        return (
-            sum(1 for v in victims if not self.borrower(v.team, pool)),
-            sum(_victim_cost(v) for v in victims),
-            len(victims),
-        )
 
     def borrower(self, team: str, pool: str) -> bool:
         return self.usage.get((team, pool), 0) > self.quota.get((team, pool), 0)
@@ -711,6 +722,7 @@ class _Pass:
         end = self.now + max(0.0, job.est_remaining_s)
         releases = [r for r in lane.releases if r[3] not in victim_ids]
         releases += [(end, h, need, job.run_id) for h in hosts]
+        releases.sort()  # once for every victim's estimate
         impacts = []
         auto = True
         for v in sorted(victims, key=lambda v: v.run_id):
