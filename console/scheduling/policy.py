@@ -140,6 +140,7 @@ class Decisions:
 # dominates, so a long queue behind a full pool costs little.
 
 _INF = float("inf")
+PREEMPTION_SEARCHES = 4  # per lane (pool and resource) and pass
 
 
 class _Index:
@@ -613,8 +614,10 @@ class _Pass:
         cls = self.classes.get(job.class_name)
         if cls is None:
             return False
-        # like Kueue, only a team's first blocked job in a lane looks for victims in a pass
-        if job.team in lane.preempt_tried:
+        # like Kueue, only a team's first blocked job in a lane looks for victims in a pass, and
+        # a pass searches a lane a few times at most (each search weighs every host; the rest
+        # search in the next passes, which every start, stop and request triggers)
+        if job.team in lane.preempt_tried or len(lane.preempt_tried) >= PREEMPTION_SEARCHES:
             return False
         lane.preempt_tried.add(job.team)
         reclaim = False
