@@ -388,6 +388,63 @@ def blocking_baseline(order: Callable[[JobView], tuple]) -> Scheduler:
     return baseline
 
 
+def full_fleet_pass(n_queued: int, seed: int, repeats: int = 30) -> tuple[float, float, int]:
+    """The worst case for one pass: every GPU busy (1,000 one-GPU runs of every team) and
+    `n_queued` runs waiting (1/2/4/8 GPUs, 10 % prod). CPU ms of one pass: median, max; and
+    how many requests a pass files."""
+    rng = random.Random(seed)
+    hosts = [
+        HostView(f"{pool}-{k:02d}", pool, GPUS_PER_HOST, 32, 0, 32)
+        for pool, n in POOLS.items()
+        for k in range(n)
+    ]
+    teams = [f"team-{i:02d}" for i in range(TEAMS)]
+    quotas = [
+        Quota(t, pool, n * GPUS_PER_HOST // TEAMS) for pool, n in POOLS.items() for t in teams
+    ]
+    jobs = []
+    for h in hosts:
+        for _ in range(GPUS_PER_HOST):
+            jobs.append(
+                JobView(
+                    len(jobs) + 1,
+                    rng.choice(teams),
+                    rng.choice(["standard", "batch"]),
+                    0,
+                    1,
+                    0,
+                    1,
+                    0.0,
+                    pool=h.pool,
+                    est_remaining_s=rng.uniform(60, 7200),
+                    running_on=[Allocation(h.name, 1, 0)],
+                    last_checkpoint_age_s=rng.uniform(0, 1800),
+                )
+            )
+    for i in range(n_queued):
+        jobs.append(
+            JobView(
+                len(jobs) + 1,
+                rng.choice(teams),
+                rng.choices(["prod", "standard", "batch"], [1, 4.5, 4.5])[0],
+                rng.randrange(3),
+                rng.choice([1, 2, 4, 8]),
+                0,
+                1,
+                float(i),
+                pool=rng.choice([*POOLS, None]),
+            )
+        )
+    times = []
+    plans = 0
+    for _ in range(repeats):
+        cpu = time.thread_time()
+        d = schedule(hosts=hosts, jobs=jobs, classes=CLASSES, quotas=quotas, now=0.0)
+        times.append((time.thread_time() - cpu) * 1000)
+        plans = len(d.preemptions)
+    return statistics.median(times), max(times), plans
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -517,6 +574,13 @@ def main() -> int:
         f"(CPU time p99 {pol['cpu99']:.2f} ms: {'met' if pol['cpu99'] <= 5 else 'not met'}); "
         f"aim utilisation while queued >= 95 %: {'met' if pol['util_queued'] >= 95 else 'not met'}"
     )
+    print("\none pass on a full fleet (every GPU busy), CPU time over 30 passes:")
+    for n_queued in (200, 2000):
+        median, worst, plans = full_fleet_pass(n_queued, args.seed)
+        print(
+            f"  {n_queued:>5} queued: median {median:.1f} ms, max {worst:.1f} ms, "
+            f"{plans} preemption request(s) per pass"
+        )
     return 0
 
 
