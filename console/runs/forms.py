@@ -88,7 +88,7 @@ class NewRunForm(forms.Form):
     priority_class = forms.ChoiceField(
         label="Priority class",
         required=False,
-        help_text="Higher classes are placed first (some may preempt)."
+        help_text="Higher classes are placed first (some may preempt).",
     )
     priority = forms.IntegerField(
         label="Priority within the class",
