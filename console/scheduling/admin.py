@@ -44,7 +44,10 @@ class VictimInline(admin.TabularInline):
 
 @admin.register(PriorityClass)
 class PriorityClassAdmin(ReadOnlyAdmin):
-    list_display = ("name", "value", "can_preempt", "preemptible", "approval", "grace_s")
+    list_display = (
+        "name", "value", "can_preempt", "preemptible", "approval", "preempt_after_wait_s",
+        "grace_s",
+    )  # fmt: skip
 
 
 @admin.register(ResourcePool)

@@ -115,6 +115,7 @@ class PriorityClassIn(Schema):
     preemptible: bool = True
     approval: Approval = Approval.ASK
     auto_approve_minutes: float = Field(0.0, ge=0, le=10**6, allow_inf_nan=False)
+    preempt_after_wait_s: int = Field(0, ge=0, le=7 * 86400)
     grace_s: int = Field(60, ge=1, le=86400)
     description: str = Field("", max_length=500)
 

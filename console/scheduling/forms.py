@@ -25,6 +25,15 @@ class PriorityClassForm(forms.Form):
         initial=0,
         label="Auto-approve when the victim checkpointed less than this many minutes ago",
     )
+    preempt_after_wait_s = forms.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=7 * 86400,
+        initial=0,
+        label="Preempt only after waiting (s)",
+        help_text="Its runs ask for a preemption only when they would otherwise wait longer "
+        "than this (0: at once).",
+    )
     grace_s = forms.IntegerField(
         min_value=1,
         max_value=86400,
@@ -35,7 +44,9 @@ class PriorityClassForm(forms.Form):
     description = forms.CharField(max_length=500, required=False)
 
     def values(self) -> dict[str, Any]:
-        return dict(self.cleaned_data)
+        values = dict(self.cleaned_data)
+        values["preempt_after_wait_s"] = values.get("preempt_after_wait_s") or 0
+        return values
 
 
 class PoolForm(forms.Form):

@@ -42,6 +42,11 @@ class PriorityClass(models.Model):
         default=0.0,
         help_text="Auto-approval: the victim checkpointed less than this ago.",
     )
+    preempt_after_wait_s = models.PositiveIntegerField(
+        default=0,
+        help_text="Its runs ask for a preemption only when they would otherwise wait longer "
+        "than this (0: at once).",
+    )
     grace_s = models.PositiveIntegerField(
         default=60, help_text="On preemption: SIGTERM, then SIGKILL this much later."
     )

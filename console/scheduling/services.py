@@ -104,6 +104,7 @@ def _class_view(cls: PriorityClass) -> policy.PriorityClass:
         approval=cls.approval,  # type: ignore[arg-type]
         auto_approve_minutes=cls.auto_approve_minutes,
         grace_s=float(cls.grace_s),
+        preempt_after_wait_s=float(cls.preempt_after_wait_s),
     )
 
 
@@ -628,6 +629,7 @@ CLASS_FIELDS = (
     "preemptible",
     "approval",
     "auto_approve_minutes",
+    "preempt_after_wait_s",
     "grace_s",
     "description",
 )
@@ -655,6 +657,8 @@ def _check_class(values: dict[str, Any], instance: PriorityClass | None) -> None
         errors.setdefault("auto_approve_minutes", []).append(
             "auto-approval needs a number of minutes greater than 0"
         )
+    if not 0 <= int(values.get("preempt_after_wait_s", 0)) <= 7 * 86400:
+        errors["preempt_after_wait_s"] = ["between 0 and 604800 seconds"]
     if not 1 <= int(values.get("grace_s", 0)) <= 86400:
         errors["grace_s"] = ["between 1 and 86400 seconds"]
     if not -(10**6) <= int(values.get("value", 0)) <= 10**6:

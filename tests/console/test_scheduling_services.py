@@ -286,3 +286,19 @@ def test_a_slot_frees_only_once_the_agent_has_seen_the_preempted_job_exit(
     services.schedule_pass()
     placed = {r.name for r in Run.objects.filter(state=RunState.SCHEDULED)}
     assert placed & {"next", "victim"}
+
+
+def test_a_class_that_preempts_only_after_a_long_wait_does_not_ask_when_the_wait_is_short(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    # The victim's remaining time is unknown yet (no steps): estimated at an hour.
+    urgent_class(preempt_after_wait_s=2 * 3600)
+    requester = launch(lab, "patient", priority_class="urgent")
+    services.schedule_pass()
+    assert not PreemptionRequest.objects.exists()
+    requester.refresh_from_db()
+    assert requester.state == RunState.QUEUED and requester.state_reason.startswith("waiting")
+    PriorityClass.objects.filter(name="urgent").update(preempt_after_wait_s=600)
+    services.schedule_pass()
+    assert PreemptionRequest.objects.filter(requester=requester).exists()
