@@ -197,10 +197,14 @@ def _should_stop(attempt: Attempt) -> bool:
 
 
 def _preempt_requested_at(attempt: Attempt) -> dt.datetime | None:
-    """When a preemption of this attempt was asked for (an approved preemption request or an
-    operator's preempt command), or None."""
+    """When the scheduler's preemption of this attempt was approved, or None. (An operator's
+    preempt command goes through the job's Control alone, as it always has.)"""
     command = (
-        attempt.run.commands.filter(kind=CommandKind.PREEMPT, created_at__gte=attempt.scheduled_at)
+        attempt.run.commands.filter(
+            kind=CommandKind.PREEMPT,
+            created_at__gte=attempt.scheduled_at,
+            payload__has_key="preemption_request",
+        )
         .order_by("created_at")
         .first()
     )

@@ -469,6 +469,7 @@ def _approve(request: PreemptionRequest, *, actor: Any, auto: bool) -> None:
                 actor=actor,
                 run=victim,
                 kind=CommandKind.PREEMPT,
+                payload={"preemption_request": request.pk},
                 reason=f"preempted for {request.requester.name} (request #{request.pk}, {how})",
             )
     _decide(request.requester, DecisionKind.PREEMPTION_APPROVED, f"preemption {how}")
