@@ -151,3 +151,4 @@ def me(request: HttpRequest) -> dict[str, str]:
 api.add_router("/registry/", "console.registry.api.router")
 api.add_router("/", "console.runs.api.router")
 api.add_router("/", "console.runs.step_api.router")
+api.add_router("/scheduling/", "console.scheduling.api.router")

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "console.registry",
     "console.status",
     "console.runs",
+    "console.scheduling",
 ]
 
 MIDDLEWARE = [
@@ -140,6 +141,11 @@ HOST_CPU_SLOTS = env_int("HOST_CPU_SLOTS", 1, minimum=0)
 RUN_LOG_MAX_BYTES = env_int("RUN_LOG_MAX_BYTES", 1024 * 1024, minimum=128 * 1024)
 # After a cancel is delivered, the agent stops a job that is still running this much later.
 RUN_CANCEL_GRACE_S = env_int("RUN_CANCEL_GRACE_S", 60, minimum=1)
+# The scheduler: a preemption request nobody decided expires after PREEMPTION_REQUEST_EXPIRE_S;
+# a requester whose request was rejected or expired is not asked for again for
+# PREEMPTION_REFILE_AFTER_S (an admin's "no" is not re-asked on the next pass).
+PREEMPTION_REQUEST_EXPIRE_S = env_int("PREEMPTION_REQUEST_EXPIRE_S", 1800, minimum=1)
+PREEMPTION_REFILE_AFTER_S = env_int("PREEMPTION_REFILE_AFTER_S", 900, minimum=0)
 # A run whose job dies without reporting (a signal, the OOM killer) is resumed from its last
 # checkpoint; after this many deaths it fails instead.
 RUN_MAX_ATTEMPTS = env_int("RUN_MAX_ATTEMPTS", 3, minimum=1)

@@ -12,6 +12,7 @@ urlpatterns = [
     path("status/", include("console.status.urls")),
     path("metrics", metrics, name="metrics"),
     # /runs/, /models/ and /hosts/: before the registry, whose include catches "".
+    path("", include("console.scheduling.urls")),
     path("", include("console.runs.urls")),
     path("", include("console.registry.urls")),
 ]

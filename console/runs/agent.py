@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from console.runs import services
-from console.runs.models import Attempt, CommandKind, Run, RunState
+from console.runs.models import Attempt, AttemptState, CommandKind, Run, RunState
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,69 @@ def _should_stop(attempt: Attempt) -> bool:
     )
 
 
+def _preempt_requested_at(attempt: Attempt) -> dt.datetime | None:
+    """When the scheduler's preemption of this attempt was approved, or None. (An operator's
+    preempt command goes through the job's Control alone, as it always has.)"""
+    command = (
+        attempt.run.commands.filter(
+            kind=CommandKind.PREEMPT,
+            created_at__gte=attempt.scheduled_at,
+            payload__has_key="preemption_request",
+        )
+        .order_by("created_at")
+        .first()
+    )
+    return command.created_at if command else None
+
+
+def _preempt_grace_s(run: Run) -> float:
+    """The grace period of the run's priority class (SIGTERM, then SIGKILL this much later)."""
+    from console.scheduling.services import default_class
+
+    cls = run.priority_class or default_class()
+    return float(cls.grace_s)
+
+
+class _Preemption:
+    """The agent's side of a preemption: the job's Control asks it to checkpoint and stop at
+    its next step; the agent also sends a single-process job SIGTERM (which the job turns
+    into the same preempt), and SIGKILLs the job's process group if it still runs the class's
+    grace period later. A job under torchrun gets no SIGTERM first: torchrun answers one by
+    tearing its workers down, checkpoint or not, so it stops through its Control alone."""
+
+    def __init__(self, attempt: Attempt, *, ranks: int) -> None:
+        self.attempt = attempt
+        self.grace_s = _preempt_grace_s(attempt.run)
+        self.single_process = ranks <= 1
+        self.asked_at: float | None = None
+        self.killed = False
+
+    def check(self, process: subprocess.Popen[bytes], now: float) -> None:
+        if self.killed:
+            return
+        if self.asked_at is None:
+            if _preempt_requested_at(self.attempt) is None:
+                return
+            # Only once the job runs: before that its SIGTERM handler may not be installed
+            # (the Control delivers the preempt at its first step anyway).
+            if not Attempt.objects.filter(pk=self.attempt.pk, state=AttemptState.RUNNING).exists():
+                return
+            self.asked_at = now
+            if self.single_process:
+                services.attempt_append_log(self.attempt.pk, "[agent] preempted: SIGTERM\n")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+            return
+        if now - self.asked_at >= self.grace_s:
+            self.killed = True
+            services.attempt_append_log(
+                self.attempt.pk,
+                f"[agent] still running {self.grace_s:.0f} s after the preemption: SIGKILL\n",
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
     for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
         try:
@@ -244,6 +308,7 @@ def execute(attempt_id: int) -> dict[str, Any]:
         services.attempt_append_log(attempt_id, f"$ {' '.join(command)}  (pid {process.pid})\n")
         output = _Output(process.stdout)
         stopped = False
+        preemption = _Preemption(attempt, ranks=len(gpus))
         while process.poll() is None:
             # Wakes at once when the job exits (the slot is free sooner than a plain sleep).
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -253,6 +318,8 @@ def execute(attempt_id: int) -> dict[str, Any]:
                 stopped = True
                 services.attempt_append_log(attempt_id, "[agent] cancel not honoured: stopping\n")
                 _stop_group(process)
+            if not stopped:
+                preemption.check(process, time.monotonic())
         output.thread.join(timeout=10)
         services.attempt_append_log(attempt_id, output.take())
         code = process.returncode
@@ -260,6 +327,16 @@ def execute(attempt_id: int) -> dict[str, Any]:
         if stopped:
             services.attempt_finished(
                 attempt_id=attempt_id, status="cancelled", step=attempt.start_step, exit_code=code
+            )
+        elif preemption.killed:
+            # Killed after the grace period: it resumes from its last recorded checkpoint.
+            step = Run.objects.values_list("last_step", flat=True).get(pk=attempt.run_id)
+            services.attempt_finished(
+                attempt_id=attempt_id,
+                status="preempted",
+                step=step,
+                exit_code=code,
+                error=f"killed {preemption.grace_s:.0f} s after the preemption (its class's grace)",
             )
         else:
             # A job that reported its outcome has already ended its attempt; one that did not
@@ -270,4 +347,7 @@ def execute(attempt_id: int) -> dict[str, Any]:
         with _supervised_lock:
             _supervised.pop(attempt_id, None)
         _give_back_gpus(gpus)
+        # The slot is free only now (the scheduler counts an ended attempt whose exit the
+        # agent has not recorded as still here): ask for a pass.
+        services.request_placement()
         close_old_connections()

@@ -55,6 +55,10 @@ class LaunchIn(Schema):
     )
     gpus: int = Field(0, ge=0, le=64, description="GPUs the run needs (0: a CPU slot)")
     cpu_slots: int = Field(1, ge=1, le=64)
+    priority_class: str = Field(
+        "", max_length=64, description="A priority class's name ('': the default class)"
+    )
+    priority: int = Field(0, ge=-1000, le=1000, description="Order within the class: higher first")
 
 
 class AttemptOut(Schema):
@@ -85,6 +89,8 @@ class RunOut(Schema):
     dropped_trajectories: int
     gpus: int
     cpu_slots: int
+    priority_class: str
+    priority: int
     created_at: dt.datetime
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
@@ -139,6 +145,8 @@ def _run_out(run: Run) -> dict[str, Any]:
         "dropped_trajectories": run.dropped_trajectories,
         "gpus": run.gpus,
         "cpu_slots": run.cpu_slots,
+        "priority_class": run.priority_class.name if run.priority_class else "",
+        "priority": run.priority,
         "created_at": run.created_at,
         "started_at": run.started_at,
         "ended_at": run.ended_at,
@@ -363,6 +371,8 @@ def run_launch(request: HttpRequest, payload: LaunchIn) -> Any:
             document=payload.spec,
             gpus=payload.gpus,
             cpu_slots=payload.cpu_slots,
+            priority_class=payload.priority_class,
+            priority=payload.priority,
         )
     except LaunchError as error:
         return 422, {"detail": "invalid run spec", "errors": error.errors}

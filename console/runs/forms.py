@@ -35,6 +35,8 @@ FIELD_FOR_PATH = {
     "ewc": "ewc_strength",
     "ewc.strength": "ewc_strength",
     "gpus": "gpus",
+    "priority": "priority",
+    "priority_class": "priority_class",
 }
 
 
@@ -83,6 +85,19 @@ class NewRunForm(forms.Form):
     )
     ewc_strength = forms.FloatField(label="EWC strength", help_text="0: off")
     gpus = forms.IntegerField(label="GPUs", min_value=0, max_value=64, help_text="0: a CPU slot")
+    priority_class = forms.ChoiceField(
+        label="Priority class",
+        required=False,
+        help_text="Higher classes are placed first (some may preempt).",
+    )
+    priority = forms.IntegerField(
+        label="Priority within the class",
+        required=False,
+        min_value=-1000,
+        max_value=1000,
+        initial=0,
+        help_text="Higher first; ties go in submission order.",
+    )
     advanced = forms.CharField(
         label="Run spec sections (JSON or YAML), merged over the fields above",
         required=False,
@@ -99,6 +114,9 @@ class NewRunForm(forms.Form):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        from console.scheduling.selectors import class_choices
+
+        self.fields["priority_class"].choices = class_choices()  # type: ignore[attr-defined]
         self.fields["base_model"].choices = [  # type: ignore[attr-defined]
             (f"{v.model.slug}@{v.number}", f"{v.model.slug} v{v.number}") for v in models
         ]
@@ -215,6 +233,8 @@ def initial_from_document(document: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_every": document.get("checkpoint", {}).get("every_steps", 0),
         "ewc_strength": document.get("ewc", {}).get("strength", 0.0),
         "gpus": 0,
+        "priority_class": "normal",
+        "priority": 0,
     }
 
 

@@ -53,7 +53,8 @@ class ModelVersion(ObjectVersion):
 
 class HostState(models.TextChoices):
     READY = "ready", "Ready"
-    CORDONED = "cordoned", "Cordoned"
+    CORDONED = "cordoned", "Cordoned"  # no new placements; running jobs go on
+    DRAINING = "draining", "Draining"  # no new placements; becomes cordoned once empty
     OFFLINE = "offline", "Offline"
 
 
@@ -72,6 +73,14 @@ class Host(models.Model):
     agent_pid = models.IntegerField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     state_reason = models.CharField(max_length=500, blank=True)
+    # Quotas are per pool; a host without one is in the default pool.
+    pool = models.ForeignKey(
+        "scheduling.ResourcePool",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="hosts",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -114,8 +123,19 @@ class Run(models.Model):
     # version_id", "taskset_version", "weight"}; and the model version the run starts from.
     pins = models.JSONField()
     model_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="runs")
+    # Per host: a run with `hosts` > 1 is a gang that starts on that many hosts at once.
     gpus = models.PositiveIntegerField(default=0)
     cpu_slots = models.PositiveIntegerField(default=1)
+    hosts = models.PositiveIntegerField(default=1)
+    # None: the default class (console.scheduling.models.DEFAULT_CLASS_NAME).
+    priority_class = models.ForeignKey(
+        "scheduling.PriorityClass",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="runs",
+    )
+    priority = models.IntegerField(default=0)  # within the class; higher first
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
     state_reason = models.CharField(max_length=2000, blank=True)
     error = models.TextField(blank=True)

@@ -28,14 +28,18 @@ from console.runs.models import (
 
 
 def run_list(*, team: Team | int, state: str = "") -> QuerySet[Run]:
-    runs = Run.objects.filter(team=team).select_related("created_by", "model_version__model")
+    runs = Run.objects.filter(team=team).select_related(
+        "created_by", "model_version__model", "priority_class"
+    )
     if state:
         runs = runs.filter(state=state)
     return runs.annotate(trajectory_count=Count("trajectories", distinct=True))
 
 
 def run_get(*, pk: int) -> Run:
-    return Run.objects.select_related("team", "created_by", "model_version__model").get(pk=pk)
+    return Run.objects.select_related(
+        "team", "created_by", "model_version__model", "priority_class"
+    ).get(pk=pk)
 
 
 def run_attempts(*, run: Run) -> QuerySet[Attempt]:

@@ -348,15 +348,40 @@ def _spec_errors(spec: dict[str, Any]) -> dict[str, list[str]]:
     return {}
 
 
-def run_launch(*, actor: Any, team: Team, document: Any, gpus: int = 0, cpu_slots: int = 1) -> Run:
+def run_launch(
+    *,
+    actor: Any,
+    team: Team,
+    document: Any,
+    gpus: int = 0,
+    cpu_slots: int = 1,
+    priority_class: str = "",
+    priority: int = 0,
+) -> Run:
     """Validates the launch document in full, pins the registry, saves the run as queued and
-    asks the control worker to place it. Raises `LaunchError` (every problem by path) and then
+    asks the control worker to place it. `priority_class` names a class ("" the default one);
+    `priority` orders runs within it. Raises `LaunchError` (every problem by path) and then
     saves nothing."""
+    from console.scheduling.models import PriorityClass
+    from console.scheduling.services import default_class
+
     errors = check_document_shape(document)
     if gpus < 0 or gpus > 64:
         errors.setdefault("gpus", []).append("must be between 0 and 64")
     if cpu_slots < 1 or cpu_slots > 64:
         errors.setdefault("cpu_slots", []).append("must be between 1 and 64")
+    if not -1000 <= priority <= 1000:
+        errors.setdefault("priority", []).append("must be between -1000 and 1000")
+    chosen_class = (
+        PriorityClass.objects.filter(name=priority_class).first()
+        if priority_class
+        else default_class()
+    )
+    if chosen_class is None:
+        names = ", ".join(PriorityClass.objects.values_list("name", flat=True))
+        errors.setdefault("priority_class", []).append(
+            f"no priority class {priority_class!r} (there are: {names})"
+        )
     if errors:
         raise LaunchError(errors)
     model: ModelVersion | None = None
@@ -384,6 +409,8 @@ def run_launch(*, actor: Any, team: Team, document: Any, gpus: int = 0, cpu_slot
             model_version=model,
             gpus=gpus,
             cpu_slots=cpu_slots,
+            priority_class=chosen_class,
+            priority=priority,
             max_steps=0,
             queued_at=timezone.now(),
         )
@@ -397,14 +424,29 @@ def run_launch(*, actor: Any, team: Team, document: Any, gpus: int = 0, cpu_slot
         run.spec = spec
         run.max_steps = int(spec.get("max_steps", 10))
         run.save(update_fields=["spec", "max_steps"])
-        record_event(run, "run.queued", {"by": actor.get_username(), "model": str(model)})
+        record_event(
+            run,
+            "run.queued",
+            {
+                "by": actor.get_username(),
+                "model": str(model),
+                "priority_class": chosen_class.name if chosen_class else "",
+                "priority": priority,
+            },
+        )
         audit_record(
             actor=actor,
             team=team,
             action="run.launch",
             target=run,
             before=None,
-            after={"name": run.name, "request": document, "pins": run.pins},
+            after={
+                "name": run.name,
+                "request": document,
+                "pins": run.pins,
+                "priority_class": chosen_class.name if chosen_class else "",
+                "priority": priority,
+            },
         )
         notify(run, "run.created", {"state": run.state})
         transaction.on_commit(request_placement)
@@ -442,36 +484,12 @@ def last_checkpoint(run: Run) -> Checkpoint | None:
 
 
 def place_runs() -> list[Attempt]:
-    """First fit in submission order: each queued run goes to the first ready host (by name)
-    with room for it. Returns the attempts made; their messages go out after commit."""
-    placed: list[Attempt] = []
-    with transaction.atomic():
-        hosts = list(
-            Host.objects.select_for_update()
-            .filter(state=HostState.READY, heartbeat_at__gte=_fresh_host_cutoff())
-            .order_by("name")
-        )
-        if not hosts:
-            return placed
-        free = {host.pk: list(host_free_slots(host)) for host in hosts}
-        queued = (
-            Run.objects.select_for_update(skip_locked=True)
-            .filter(state=RunState.QUEUED)
-            .order_by("queued_at", "id")
-        )
-        for run in queued:
-            for host in hosts:
-                gpu_free, cpu_free = free[host.pk]
-                fits = run.gpus <= gpu_free if run.gpus else run.cpu_slots <= cpu_free
-                if not fits:
-                    continue
-                if run.gpus:
-                    free[host.pk][0] -= run.gpus
-                else:
-                    free[host.pk][1] -= run.cpu_slots
-                placed.append(_schedule(run, host))
-                break
-    return placed
+    """One pass of the scheduler (`console.scheduling.services.schedule_pass`: priority
+    classes, quotas, gangs, preemption requests). Returns the attempts made; their messages go
+    out after commit. Nothing when another pass holds the scheduler's lock."""
+    from console.scheduling.services import schedule_pass
+
+    return schedule_pass().placed
 
 
 def _schedule(run: Run, host: Host) -> Attempt:
@@ -721,15 +739,23 @@ def host_register(*, name: str, inventory: dict[str, Any], agent_pid: int) -> Ho
         state=HostState.READY, state_reason="agent started"
     )
     host.refresh_from_db()
+    if host.pool_id is None:
+        from console.scheduling.services import default_pool
+
+        Host.objects.filter(pk=host.pk).update(pool=default_pool())
+        host.refresh_from_db()
+    transaction.on_commit(request_placement)  # the fleet changed
     return host
 
 
 def host_heartbeat(*, name: str, attempt_ids: list[int]) -> None:
     now = timezone.now()
     Host.objects.filter(name=name).update(heartbeat_at=now)
-    Host.objects.filter(name=name, state=HostState.OFFLINE).update(
+    back = Host.objects.filter(name=name, state=HostState.OFFLINE).update(
         state=HostState.READY, state_reason="heartbeat back"
     )
+    if back:
+        transaction.on_commit(request_placement)  # the fleet changed
     attempt_heartbeat(attempt_ids)
 
 

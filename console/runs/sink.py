@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,9 +64,16 @@ def _plain(value: Any) -> Any:
 _ENCODER = msgspec.json.Encoder(enc_hook=_plain)
 
 
+# A NUL character's escape, not preceded by an escaped backslash ("\\u0000" is text).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
 def _json(value: Any) -> str:
-    """JSON text; NaN and infinity become null (JSON has neither), arrays become lists."""
-    return _ENCODER.encode(value).decode()
+    """JSON text; NaN and infinity become null (JSON has neither), arrays become lists, and
+    NUL characters (a model can sample one) become U+FFFD: PostgreSQL's jsonb refuses
+    \\u0000, and one such sample would fail the whole batch."""
+    text = _ENCODER.encode(value).decode()
+    return _NUL_ESCAPE.sub(r"\1\\ufffd", text) if "\\u0000" in text else text
 
 
 def _finite(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """Celery tasks for runs. Thin: each claims or decides through `console.runs.services`.
 
-- ``runs.place`` and ``runs.sweep`` run on the ``control`` queue (the sweep every RUNS_SWEEP_S
-  from the control worker's beat).
+- ``runs.place`` (one pass of the scheduler, `console.scheduling.services.schedule_pass`) and
+  ``runs.sweep`` (then a pass) run on the ``control`` queue (the sweep every RUNS_SWEEP_S from
+  the control worker's beat: the scheduler's periodic tick).
 - ``runs.execute_attempt`` runs on ``host.<name>``: only that host's agent consumes it.
 """
 

@@ -183,7 +183,12 @@ def run_create(request: HttpRequest) -> HttpResponse:
             document = merge(merge(base, form.document()), form.cleaned_data["advanced"])
             try:
                 run = services.run_launch(
-                    actor=request.user, team=team, document=document, gpus=form.cleaned_data["gpus"]
+                    actor=request.user,
+                    team=team,
+                    document=document,
+                    gpus=form.cleaned_data["gpus"],
+                    priority_class=form.cleaned_data["priority_class"] or "",
+                    priority=form.cleaned_data["priority"] or 0,
                 )
             except LaunchError as error:
                 context["launch_errors"] = _apply_launch_errors(form, error.errors, document)

@@ -11,6 +11,11 @@ ADMIN_PAGES = [
     "/admin/audit/auditentry/",
     "/admin/status/workersighting/",
     "/admin/accounts/loginfailure/",
+    "/admin/scheduling/priorityclass/",
+    "/admin/scheduling/resourcepool/",
+    "/admin/scheduling/teamquota/",
+    "/admin/scheduling/preemptionrequest/",
+    "/admin/scheduling/schedulingdecision/",
 ]
 
 

@@ -24,6 +24,7 @@ EVERY_SECTION = (
     "Runs",
     "Models",
     "Hosts",
+    "Scheduler",
     "Audit log",
     "Status",
     "API tokens",
@@ -47,6 +48,8 @@ def _page_urls(people: Any) -> list[str]:
         reverse("runs:run_list"),
         reverse("runs:model_list"),
         reverse("runs:host_list"),
+        reverse("scheduling:queue"),
+        reverse("scheduling:fleet"),
     ]
 
 

@@ -158,3 +158,15 @@ def test_a_preemption_right_after_a_periodic_save_is_recorded_as_the_preemption(
     sink.checkpoint({"step": 16, "path": "/ckpt/step-16", "reason": "preempt"})
     saved = Checkpoint.objects.get(run=attempt.run)
     assert (saved.step, saved.reason) == (16, "preempt")
+
+
+def test_a_sample_with_a_nul_character_is_stored_with_the_rest_of_its_batch(attempt):
+    # A model can sample U+0000; PostgreSQL's jsonb refuses it, which once failed a whole run.
+    odd = trajectory(1, 0)
+    odd["completion"] = "\\boxed{even}\x00"
+    odd["messages"] = [{"role": "assistant", "content": "even\x00 \\u0000 stays text"}]
+    ConsoleSink(attempt).trajectories([odd, trajectory(1, 1)])
+    rows = list(TrajectoryRecord.objects.filter(run=attempt.run).order_by("index"))
+    assert len(rows) == 2
+    assert rows[0].data["completion"] == "\\boxed{even}\ufffd"
+    assert rows[0].data["messages"][0]["content"] == "even\ufffd \\u0000 stays text"

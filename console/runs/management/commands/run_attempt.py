@@ -44,7 +44,7 @@ class Command(BaseCommand):
         die_with_agent()
         import training
         from console.runs.sink import ConsoleControl, ConsoleSink
-        from training.control import StaticControl
+        from training.control import SignalControl, StaticControl
         from training.sink import NullSink
         from training.spec import RunSpec
 
@@ -57,6 +57,10 @@ class Command(BaseCommand):
         data["checkpoint"] = {**data.get("checkpoint", {}), "resume": attempt.resume_from or "none"}
         spec = RunSpec.from_dict(data)
         if rank == 0:
+            # SIGTERM (the agent's first step when a preemption is approved) is a preempt too:
+            # checkpoint, then stop. Installed before the attempt is marked running, which is
+            # when the agent may send it.
+            control: Any = SignalControl(ConsoleControl(attempt), signals=(signal.SIGTERM,))
             services.attempt_started(attempt, pid=os.getpid())
             self.stdout.write(
                 f"attempt {attempt.number} of run {attempt.run.name} on {attempt.host.name}: "
@@ -64,7 +68,6 @@ class Command(BaseCommand):
                 + (f", resuming from {attempt.resume_from}" if attempt.resume_from else "")
             )
             sink: Any = ConsoleSink(attempt)
-            control: Any = ConsoleControl(attempt)
         else:
             sink, control = NullSink(), StaticControl()
         outcome = training.run(spec, sink, control)

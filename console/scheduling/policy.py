@@ -1,0 +1,778 @@
+"""The scheduler's policy: pure Python over an in-memory view of the fleet and the queue.
+
+No Django import here: the console's scheduler service (`console.scheduling.services`) reads
+the database into these views under a PostgreSQL advisory lock, calls `schedule()`, and
+writes the decisions back; the unit tests and `bench/bench_scheduler.py` call `schedule()` on
+views they build themselves.
+
+The dataclasses below are the interface agreed with the console side (fields may be added
+with defaults; names and meanings stay). The algorithm follows them; it is measured by
+`python -m bench scheduler`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Literal
+
+Approval = Literal["ask", "auto_recent_checkpoint", "never"]
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    name: str
+    value: int  # higher runs first
+    can_preempt: bool  # its runs may preempt runs of lower classes
+    preemptible: bool  # its runs may be preempted
+    approval: Approval  # how a preemption of this class's runs is approved
+    auto_approve_minutes: float = 0.0  # with "auto_recent_checkpoint": victim saved < N min ago
+    grace_s: float = 60.0  # SIGTERM -> SIGKILL grace on preemption
+    # Added by the policy: its runs ask for a preemption only when, without one, they would
+    # wait longer than this (judged from the running jobs' est_remaining_s); 0: at once.
+    preempt_after_wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Quota:
+    team: str
+    pool: str
+    gpus: int  # guaranteed GPUs (CPU-only pools: slots) in that pool; weight for fair share
+
+
+@dataclass
+class HostView:
+    name: str
+    pool: str
+    gpus_total: int
+    cpu_total: int
+    gpus_free: int
+    cpu_free: int
+    schedulable: bool = True  # False when cordoned, draining, or offline
+
+
+@dataclass
+class Allocation:
+    host: str
+    gpus: int
+    cpu_slots: int
+
+
+@dataclass
+class JobView:
+    run_id: int
+    team: str
+    class_name: str
+    priority: int  # within the class; higher first
+    gpus: int  # GPUs per host (0: a CPU job using cpu_slots per host)
+    cpu_slots: int
+    hosts: int  # gang: starts on exactly this many hosts at once, or not at all
+    queued_at: float  # seconds (any epoch); FIFO tie-break
+    pool: str | None = None  # None: any pool
+    est_remaining_s: float = 3600.0  # for backfill and the resume estimate
+    running_on: list[Allocation] = field(default_factory=list)  # empty: queued
+    # Impact preview inputs (running jobs only):
+    last_checkpoint_age_s: float | None = None
+    steps_since_checkpoint: int = 0
+    next_checkpoint_in_s: float | None = None
+    rollouts_in_flight: int = 0
+    preemption_pending: bool = False  # already a victim of an open request
+    # Added by the policy (defaults keep older callers working):
+    # A queued job whose own preemption request is open or approved and that has not started
+    # yet (the console clears it when the job starts, or the request is rejected or expires):
+    # it gets no second request, and goes first in its class to take what its victims free.
+    preemption_requested: bool = False
+    running_for_s: float = 0.0  # since it last started; the loss when it never checkpointed
+
+
+@dataclass
+class Placement:
+    run_id: int
+    allocations: list[Allocation]
+    reason: str  # "placed on host-3", "placed on host-3 by backfill", ...
+
+
+@dataclass
+class VictimImpact:
+    run_id: int
+    gpu_hours_since_checkpoint: float
+    steps_lost: int
+    next_checkpoint_in_s: float | None
+    rollouts_in_flight: int
+    expected_resume_s: float | None  # seconds from now until it is expected to run again
+
+
+@dataclass
+class PreemptionPlan:
+    requester_run_id: int
+    victims: list[VictimImpact]
+    auto_approved: bool  # the victims' classes' policy approves without a person
+    reason: str
+
+
+@dataclass
+class Decisions:
+    placements: list[Placement] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)  # run_id -> reason it waits
+    preemptions: list[PreemptionPlan] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# The algorithm.
+#
+# Order: classes by value; within a class, teams by fair share (usage in each pool relative to
+# their quota there, the dominant pool counting), re-ranked after every placement; within a
+# team, priority then age. Each job is tried against the free-capacity index of its pool's
+# lane (one lane per pool and resource: GPUs, or CPU slots for CPU jobs). The first job in a
+# lane that does not fit becomes that lane's head: it gets a reservation at the earliest time
+# its gang fits (from the running jobs' est_remaining_s), and later jobs start only if they end
+# before that time or leave the reserved hosts what the head needs (EASY backfill). A blocked
+# job whose class may preempt, or whose team is under its quota while others borrow in the
+# pool (Kueue's reclaimWithinCohort), gets a preemption plan instead; it starts in a later pass
+# once the victims have stopped.
+#
+# Victims: preemptible classes whose approval is not "never", not already stopping; for a class
+# preemption any lower class, for a reclaim the borrowers (teams over their quota in the pool)
+# of the same or a lower class. Per host the cheapest set that frees enough (borrowers first,
+# then lower class, then GPU-hours since the last checkpoint); of the hosts, those whose sets
+# hold the fewest non-borrowers, then cost least, then have fewest victims. Only a team's first
+# blocked job per lane searches in a pass, and a failed search is remembered for jobs it
+# dominates, so a long queue behind a full pool costs little.
+
+_INF = float("inf")
+PREEMPTION_SEARCHES = 4  # per lane (pool and resource) and pass
+
+
+class _Index:
+    """Free units per host, bucketed by how many are free, so "H hosts with N free?" is a few
+    dict lookups instead of a scan of the pool."""
+
+    __slots__ = ("free", "buckets", "total")
+
+    def __init__(self) -> None:
+        self.free: dict[str, int] = {}
+        self.buckets: dict[int, dict[str, None]] = {}
+        self.total = 0  # free units over all hosts
+
+    def set(self, host: str, units: int) -> None:
+        old = self.free.get(host)
+        if old is not None:
+            if old == units:
+                return
+            bucket = self.buckets[old]
+            del bucket[host]
+            if not bucket:
+                del self.buckets[old]
+            self.total -= old
+        self.total += units
+        self.free[host] = units
+        self.buckets.setdefault(units, {})[host] = None
+
+    def count(self, need: int) -> int:
+        return sum(len(b) for units, b in self.buckets.items() if units >= need)
+
+    def pick(self, need: int, n: int) -> list[str] | None:
+        """Best fit: the n fullest hosts that still have `need` free, or None."""
+        chosen: list[str] = []
+        for units in sorted(u for u in self.buckets if u >= need):
+            for host in self.buckets[units]:
+                chosen.append(host)
+                if len(chosen) == n:
+                    return chosen
+        return None
+
+
+@dataclass
+class _Reservation:
+    run_id: int
+    start: float  # the head's earliest start (absolute, same epoch as `now`)
+    slack: dict[str, int]  # reserved host -> units a job running past `start` may still use
+    long: _Index  # free units usable by jobs that run past `start`
+
+
+class _Lane:
+    """One pool's capacity of one resource (GPUs, or CPU slots) on its schedulable hosts."""
+
+    def __init__(self, pool: str, gpu: bool, now: float, classes: dict[str, PriorityClass]) -> None:
+        self.pool = pool
+        self.gpu = gpu
+        self.unit = "GPUs" if gpu else "CPU slots"
+        self.now = _Index()
+        self.total: dict[str, int] = {}
+        self.jobs: list[JobView] = []  # running jobs with an allocation on this lane
+        self.placed: list[tuple[float, str, int, int]] = []  # this pass's placements
+        self.reservation: _Reservation | None = None
+        self.failed_preemptions: list[tuple[int, int, int, bool]] = []
+        self.preempt_tried: set[str] = set()  # teams that tried a preemption here this pass
+        self.unfit: set[tuple[int, int, bool]] = set()  # (units, hosts, past the head's start)
+        self._t = now
+        self._classes = classes
+        self._releases: list[tuple[float, str, int, int]] | None = None
+        self._running: dict[str, list[JobView]] | None = None
+        self._victims: dict[str, list[tuple[int, float, int, JobView]]] | None = None
+        self._fit_hosts: dict[int, int] = {}
+
+    def fits_ever(self, need: int, n: int) -> bool:
+        count = self._fit_hosts.get(need)
+        if count is None:
+            count = self._fit_hosts[need] = sum(1 for t in self.total.values() if t >= need)
+        return count >= n
+
+    @property
+    def releases(self) -> list[tuple[float, str, int, int]]:
+        """(end, host, units, run_id) of every running job and this pass's placements; a
+        victim of an open request ends after its class's grace period."""
+        if self._releases is None:
+            self._releases = []
+            for job in self.jobs:
+                end = self._t + max(0.0, job.est_remaining_s)
+                if job.preemption_pending:
+                    cls = self._classes.get(job.class_name)
+                    end = min(end, self._t + (cls.grace_s if cls else 60.0))
+                for a in job.running_on:
+                    if a.host in self.total:
+                        units = a.gpus if self.gpu else a.cpu_slots
+                        self._releases.append((end, a.host, units, job.run_id))
+        return self._releases + self.placed
+
+    def victim_table(
+        self, classes: dict[str, PriorityClass]
+    ) -> dict[str, list[tuple[int, float, int, JobView]]]:
+        """Per host, the running jobs a preemption may stop at all (class preemptible, approval
+        not "never", not already stopping) as (class value, cost, units here, job), cheapest
+        first; built once per pass, shared by every search."""
+        if self._victims is None:
+            self._victims = {}
+            for host, jobs in self.running.items():
+                rows = []
+                for v in jobs:
+                    vcls = classes.get(v.class_name)
+                    if (
+                        vcls is None
+                        or not vcls.preemptible
+                        or vcls.approval == "never"
+                        or v.preemption_pending
+                    ):
+                        continue
+                    units = sum(
+                        a.gpus if self.gpu else a.cpu_slots for a in v.running_on if a.host == host
+                    )
+                    rows.append((vcls.value, _victim_cost(v), units, v))
+                rows.sort(key=lambda r: (r[0], r[1], r[3].run_id))
+                self._victims[host] = rows
+        return self._victims
+
+    @property
+    def running(self) -> dict[str, list[JobView]]:
+        if self._running is None:
+            self._running = {}
+            for job in self.jobs:
+                for a in job.running_on:
+                    if a.host in self.total:
+                        self._running.setdefault(a.host, []).append(job)
+        return self._running
+
+    def take(self, hosts: list[str], need: int, end: float, run_id: int) -> None:
+        res = self.reservation
+        for h in hosts:
+            self.now.set(h, self.now.free[h] - need)
+            self.placed.append((end, h, need, run_id))
+            if res is not None:
+                if end > res.start and h in res.slack:
+                    res.slack[h] -= need
+                res.long.set(h, max(0, min(self.now.free[h], res.slack.get(h, 1 << 30))))
+
+    def hold(self, hosts: list[str], need: int) -> None:
+        """Keep free units on these hosts for a requester waiting on its victims."""
+        for h in hosts:
+            kept = min(self.now.free[h], need)
+            self.now.set(h, self.now.free[h] - kept)
+            if self.reservation is not None:
+                r = self.reservation
+                r.long.set(h, max(0, min(self.now.free[h], r.slack.get(h, 1 << 30))))
+
+    def earliest(
+        self,
+        need: int,
+        n: int,
+        now: float,
+        free: dict[str, int] | None = None,
+        releases: list[tuple[float, str, int, int]] | None = None,
+    ) -> tuple[float, list[str], dict[str, int]] | None:
+        """When `n` hosts first have `need` free as running jobs end: (time, the hosts, free
+        units per host at that time), or None when it never fits. `releases`, when given, are
+        sorted by end."""
+        free = dict(self.now.free if free is None else free)
+        fitting = [h for h, u in free.items() if u >= need]
+        if len(fitting) >= n:
+            return now, fitting[:n], free
+        if releases is None:
+            releases = sorted(self.releases)
+        for end, h, units, _ in releases:
+            before = free[h]
+            free[h] = before + units
+            if before < need <= free[h]:
+                fitting.append(h)
+                if len(fitting) >= n:
+                    return max(end, now), fitting[:n], free
+        return None
+
+
+def _units(job: JobView) -> int:
+    return job.gpus if job.gpus > 0 else job.cpu_slots
+
+
+def _victim_cost(job: JobView) -> float:
+    age = job.last_checkpoint_age_s if job.last_checkpoint_age_s is not None else job.running_for_s
+    return job.gpus * max(1, len(job.running_on)) * age / 3600.0
+
+
+def _auto_approves(cls: PriorityClass, job: JobView) -> bool:
+    return (
+        cls.approval == "auto_recent_checkpoint"
+        and job.last_checkpoint_age_s is not None
+        and job.last_checkpoint_age_s < cls.auto_approve_minutes * 60.0
+    )
+
+
+class _Pass:
+    def __init__(
+        self,
+        hosts: list[HostView],
+        jobs: list[JobView],
+        classes: dict[str, PriorityClass],
+        quotas: list[Quota],
+        now: float,
+    ) -> None:
+        self.now = now
+        self.classes = classes
+        self.decisions = Decisions()
+        self.queued: list[JobView] = []
+        running: list[JobView] = []
+        want_gpu = want_cpu = False  # the lanes this pass needs
+        for job in jobs:
+            if job.running_on:
+                running.append(job)
+            elif job.gpus > 0:
+                self.queued.append(job)
+                want_gpu = True
+            else:
+                self.queued.append(job)
+                want_cpu = True
+        self.lanes: dict[tuple[str, bool], _Lane] = {}
+        self.pool_of: dict[str, str] = {}
+        gpu_pools: set[str] = set()
+        lanes = self.lanes
+        for h in hosts:
+            name, pool = h.name, h.pool
+            self.pool_of[name] = pool
+            if h.gpus_total > 0:
+                gpu_pools.add(pool)
+            if not h.schedulable:
+                continue
+            for gpu, total, free in (
+                (True, h.gpus_total, h.gpus_free) if want_gpu else (False, 0, 0),
+                (False, h.cpu_total, h.cpu_free) if want_cpu else (False, 0, 0),
+            ):
+                if total <= 0:
+                    continue
+                lane = lanes.get((pool, gpu))
+                if lane is None:
+                    lane = lanes[(pool, gpu)] = _Lane(pool, gpu, now, classes)
+                index = lane.now
+                if free < 0:
+                    free = 0
+                index.free[name] = free
+                index.total += free
+                bucket = index.buckets.get(free)
+                if bucket is None:
+                    bucket = index.buckets[free] = {}
+                bucket[name] = None
+                lane.total[name] = total
+        self.pools = sorted(set(self.pool_of.values()))
+        # quota in units of the pool's quota resource: GPUs where the pool has GPUs, else slots
+        self.quota: dict[tuple[str, str], int] = {(q.team, q.pool): q.gpus for q in quotas}
+        self.quota_pools = {q.pool for q in quotas}
+        self.quota_gpu = {p: p in gpu_pools for p in self.pools}
+        self.usage: dict[tuple[str, str], int] = {}
+        self.team_usage: dict[str, int] = {}
+        self.victims: set[int] = set()
+        self._shares: dict[str, tuple[float, int]] = {}
+        # the same shape of job in the same state of a lane waits for the same reason
+        self._reasons: dict[tuple[str, bool, int, int, str, int, bool], str] = {}
+        pool_of, usage, team_usage = self.pool_of, self.usage, self.team_usage
+        quota_gpu = self.quota_gpu
+        for job in running:
+            gpu = job.gpus > 0
+            seen: _Lane | None = None
+            for a in job.running_on:
+                where = pool_of.get(a.host)
+                if where is None:
+                    continue
+                units = a.gpus if gpu else a.cpu_slots
+                if quota_gpu[where] == gpu:
+                    key = (job.team, where)
+                    usage[key] = usage.get(key, 0) + units
+                    team_usage[job.team] = team_usage.get(job.team, 0) + units
+                lane = lanes.get((where, gpu))
+                if lane is not None and lane is not seen:
+                    lane.jobs.append(job)
+                    seen = lane
+
+    # -- order ----------------------------------------------------------------------------
+
+    def share(self, team: str) -> tuple[float, int]:
+        """Fair-share key: the team's dominant usage/quota over pools (no quota: infinite once
+        it uses anything), then its total usage."""
+        cached = self._shares.get(team)
+        if cached is not None:
+            return cached
+        worst = 0.0
+        for pool in self.quota_pools:
+            used = self.usage.get((team, pool), 0)
+            if used:
+                q = self.quota.get((team, pool), 0)
+                worst = max(worst, used / q if q > 0 else _INF)
+        share = self._shares[team] = (worst, self.team_usage.get(team, 0))
+        return share
+
+    def order(self) -> list[tuple[list[JobView], list[list[JobView]]]]:
+        """Queued jobs grouped by class (highest value first); in each class the requesters of
+        open preemption requests first (their victims were stopped for them), then the others
+        by team, each team's jobs by priority then age."""
+        by_class: dict[int, tuple[list[JobView], dict[str, list[JobView]]]] = {}
+        for job in self.queued:
+            cls = self.classes.get(job.class_name)
+            value = cls.value if cls else 0
+            group = by_class.get(value)
+            if group is None:
+                group = by_class[value] = ([], {})
+            if job.preemption_requested:
+                group[0].append(job)
+            else:
+                group[1].setdefault(job.team, []).append(job)
+        groups = []
+        for value in sorted(by_class, reverse=True):
+            requesters, teams = by_class[value]
+            requesters.sort(key=lambda j: (j.queued_at, j.run_id))
+            for team_jobs in teams.values():
+                team_jobs.sort(key=lambda j: (-j.priority, j.queued_at, j.run_id))
+            groups.append((requesters, list(teams.values())))
+        return groups
+
+    def run(self) -> Decisions:
+        for requesters, team_lists in self.order():
+            for job in requesters:
+                self.consider(job)
+            if len(team_lists) == 1:
+                for job in team_lists[0]:
+                    self.consider(job)
+                continue
+            # fair share: the team furthest below its quota next, re-ranked after each job
+            heap = [
+                (self.share(jobs[0].team), jobs[0].team, i, 0) for i, jobs in enumerate(team_lists)
+            ]
+            heapq.heapify(heap)
+            while heap:
+                _, team, i, k = heapq.heappop(heap)
+                self.consider(team_lists[i][k])
+                if k + 1 < len(team_lists[i]):
+                    heapq.heappush(heap, (self.share(team), team, i, k + 1))
+        return self.decisions
+
+    # -- one job --------------------------------------------------------------------------
+
+    def consider(self, job: JobView) -> None:
+        gpu = job.gpus > 0
+        need = _units(job)
+        if need < 1 or job.hosts < 1:
+            self.wait(job, "waiting: asks for no GPUs or CPU slots, or for no hosts")
+            return
+        pools = [job.pool] if job.pool is not None else self.pools
+        lanes = [self.lanes[(p, gpu)] for p in pools if (p, gpu) in self.lanes]
+        if not lanes:
+            where = f"pool {job.pool}" if job.pool else "the fleet"
+            self.wait(
+                job,
+                f"waiting: no schedulable host with {'GPUs' if gpu else 'CPU slots'} in {where}",
+            )
+            return
+        end = self.now + max(0.0, job.est_remaining_s)
+        if len(lanes) > 1:  # any pool: the one with the most idle capacity first
+            lanes.sort(key=lambda ln: -ln.now.total)
+        for lane in lanes:
+            hosts, backfill = self.try_place(lane, need, job.hosts, end)
+            if hosts is not None:
+                self.place(job, lane, hosts, need, end, backfill)
+                return
+        possible = [ln for ln in lanes if ln.fits_ever(need, job.hosts)]
+        if not possible:
+            where = f"pool {job.pool}" if job.pool else "any pool"
+            self.wait(
+                job,
+                f"waiting: cannot fit: {where} has fewer than {job.hosts} schedulable "
+                f"host(s) with {need} {lanes[0].unit}",
+            )
+            return
+        if job.preemption_requested:
+            self.wait(job, "waiting: its preemption request is open; victims stop first")
+            for lane in possible:
+                if lane.reservation is None:
+                    self.reserve(job, lane, need)
+                    break
+            return
+        for lane in possible:
+            if self.try_preempt(job, lane, need):
+                return
+        self.wait(job, self.blocked_reason(job, possible, need))
+        for lane in possible:
+            if lane.reservation is None:
+                self.reserve(job, lane, need)
+                break
+
+    def try_place(
+        self, lane: _Lane, need: int, n: int, end: float
+    ) -> tuple[list[str] | None, bool]:
+        # Free units only shrink during a pass, so a shape that did not fit stays unfit: a
+        # long queue behind a full pool is answered from this set, not from the index.
+        res = lane.reservation
+        long = res is not None and end > res.start
+        key = (need, n, long)
+        if key in lane.unfit:
+            return None, res is not None
+        hosts = (res.long if res is not None and long else lane.now).pick(need, n)
+        if hosts is None:
+            lane.unfit.add(key)
+        return hosts, res is not None
+
+    def place(
+        self, job: JobView, lane: _Lane, hosts: list[str], need: int, end: float, backfill: bool
+    ) -> None:
+        lane.take(hosts, need, end, job.run_id)
+        gpu = lane.gpu
+        allocations = [Allocation(h, job.gpus if gpu else 0, 0 if gpu else need) for h in hosts]
+        reason = f"placed on {', '.join(hosts)}"
+        if backfill:
+            reason += " by backfill"
+        if self.quota_gpu.get(lane.pool) == gpu:
+            key = (job.team, lane.pool)
+            self.usage[key] = self.usage.get(key, 0) + need * len(hosts)
+            self.team_usage[job.team] = self.team_usage.get(job.team, 0) + need * len(hosts)
+            self._shares.pop(job.team, None)
+            if lane.pool in self.quota_pools and self.usage[key] > self.quota.get(key, 0):
+                reason += f" (borrowing idle capacity in pool {lane.pool})"
+        self.decisions.placements.append(Placement(job.run_id, allocations, reason))
+
+    def wait(self, job: JobView, reason: str) -> None:
+        self.decisions.waiting[job.run_id] = reason
+
+    def blocked_reason(self, job: JobView, lanes: list[_Lane], need: int) -> str:
+        lane = lanes[0]
+        res = lane.reservation
+        key = (lane.pool, lane.gpu, need, job.hosts, job.team, lane.now.total, res is not None)
+        reason = self._reasons.get(key)
+        if reason is None:
+            reason = self._reasons[key] = self._blocked_reason(job, lane, need)
+        return reason
+
+    def _blocked_reason(self, job: JobView, lane: _Lane, need: int) -> str:
+        if lane.reservation is not None and lane.now.pick(need, job.hosts) is not None:
+            return f"waiting: behind higher-priority run {lane.reservation.run_id}"
+        key = (job.team, lane.pool)
+        if lane.pool in self.quota_pools and self.quota_gpu.get(lane.pool) == lane.gpu:
+            used, quota = self.usage.get(key, 0), self.quota.get(key, 0)
+            if used + need * job.hosts > quota:
+                return (
+                    f"waiting: team quota full in pool {lane.pool} ({used} of {quota} {lane.unit} "
+                    f"in use) and no idle {lane.unit} to borrow"
+                )
+        have = lane.now.count(need)
+        text = (
+            f"waiting: needs {job.hosts} host(s) with {need} free {lane.unit} in pool "
+            f"{lane.pool}, {have} available"
+        )
+        if lane.reservation is not None:
+            text += f"; behind higher-priority run {lane.reservation.run_id}"
+        return text
+
+    # -- reservation (backfill) -----------------------------------------------------------
+
+    def reserve(self, job: JobView, lane: _Lane, need: int) -> None:
+        found = lane.earliest(need, job.hosts, self.now)
+        if found is None:
+            return
+        start, hosts, free_then = found
+        slack = {h: free_then[h] - need for h in hosts}
+        long = _Index()
+        for h, units in lane.now.free.items():
+            long.set(h, max(0, min(units, slack.get(h, units))))
+        lane.reservation = _Reservation(job.run_id, start, slack, long)
+
+    # -- preemption -----------------------------------------------------------------------
+
+    def try_preempt(self, job: JobView, lane: _Lane, need: int) -> bool:
+        cls = self.classes.get(job.class_name)
+        if cls is None:
+            return False
+        # like Kueue, only a team's first blocked job in a lane looks for victims in a pass, and
+        # a pass searches a lane a few times at most (each search weighs every host; the rest
+        # search in the next passes, which every start, stop and request triggers)
+        if job.team in lane.preempt_tried or len(lane.preempt_tried) >= PREEMPTION_SEARCHES:
+            return False
+        lane.preempt_tried.add(job.team)
+        reclaim = False
+        if lane.pool in self.quota_pools and self.quota_gpu.get(lane.pool) == lane.gpu:
+            key = (job.team, lane.pool)
+            within = self.usage.get(key, 0) + need * job.hosts <= self.quota.get(key, 0)
+            reclaim = within and any(
+                self.borrower(t, lane.pool) for t, p in self.usage if p == lane.pool
+            )
+        if not (cls.can_preempt or reclaim):
+            return False
+        for value, n_need, n_hosts, rec in lane.failed_preemptions:
+            if cls.value <= value and need >= n_need and job.hosts >= n_hosts and reclaim == rec:
+                return False
+        if cls.preempt_after_wait_s > 0:
+            found = lane.earliest(need, job.hosts, self.now)
+            if found is not None and found[0] - self.now <= cls.preempt_after_wait_s:
+                return False
+
+        victims_now = self.victims
+        borrowing = {t for t in self.team_usage if self.borrower(t, lane.pool)}
+
+        def usable(value: int, team: str) -> bool:
+            if cls.can_preempt and value < cls.value:
+                return True
+            # reclaim takes back borrowed capacity from the same or a lower class only (Kueue's
+            # reclaimWithinCohort: LowerOrNewerEqualPriority): a higher-class borrower placed
+            # before the requester would take the freed capacity again, and lose work each time
+            return reclaim and team != job.team and value <= cls.value and team in borrowing
+
+        options: list[tuple[tuple[int, float, int], str, list[JobView]]] = []
+        table = lane.victim_table(self.classes)
+        for host, free in lane.now.free.items():
+            deficit = need - free
+            if deficit <= 0:
+                options.append(((0, 0.0, 0), host, []))
+                continue
+            # candidates in (class, cost) order; borrowers first, keeping that order
+            first: list[tuple[int, float, int, JobView]] = []
+            then: list[tuple[int, float, int, JobView]] = []
+            for value, cost, units, v in table.get(host, ()):
+                if v.run_id in victims_now or (v.team == job.team and not cls.can_preempt):
+                    continue
+                if usable(value, v.team):
+                    (first if v.team in borrowing else then).append((value, cost, units, v))
+            chosen: list[JobView] = []
+            freed = chosen_inside = 0
+            chosen_cost = 0.0
+            alone: list[tuple[tuple[int, float, int], list[JobView]]] = []
+            for _value, cost, units, v in first + then:
+                inside = 0 if v.team in borrowing else 1  # a victim within its team's quota
+                if units >= deficit:  # frees enough by itself
+                    alone.append(((inside, cost, 1), [v]))
+                if freed < deficit:
+                    chosen.append(v)
+                    freed += units
+                    chosen_inside += inside
+                    chosen_cost += cost
+            if freed >= deficit:
+                alone.append(((chosen_inside, chosen_cost, len(chosen)), chosen))
+            if not alone:
+                continue
+            # the cheapest of: the greedy set (cheapest first) and any one victim that suffices
+            key3, best = min(alone, key=lambda o: o[0])
+            options.append((key3, host, best))
+        if len(options) < job.hosts:
+            lane.failed_preemptions.append((cls.value, need, job.hosts, reclaim))
+            return False
+        options.sort(key=lambda o: o[0])
+        picked = options[: job.hosts]
+        victims: dict[int, JobView] = {}
+        for _, _, chosen in picked:
+            for v in chosen:
+                victims[v.run_id] = v
+        if not victims:
+            return False  # it fits without victims: only a reservation keeps it out
+        hosts = [h for _, h, _ in picked]
+        self.file_plan(
+            job, lane, need, hosts, list(victims.values()), reclaim and not cls.can_preempt
+        )
+        return True
+
+    def borrower(self, team: str, pool: str) -> bool:
+        return self.usage.get((team, pool), 0) > self.quota.get((team, pool), 0)
+
+    def file_plan(
+        self,
+        job: JobView,
+        lane: _Lane,
+        need: int,
+        hosts: list[str],
+        victims: list[JobView],
+        reclaim: bool,
+    ) -> None:
+        victim_ids = {v.run_id for v in victims}
+        self.victims |= victim_ids
+        # what the fleet looks like once the victims stop and the requester runs
+        free = dict(lane.now.free)
+        for v in victims:
+            for a in v.running_on:
+                if a.host in free:
+                    free[a.host] += a.gpus if lane.gpu else a.cpu_slots
+        for h in hosts:
+            free[h] -= need
+        end = self.now + max(0.0, job.est_remaining_s)
+        releases = [r for r in lane.releases if r[3] not in victim_ids]
+        releases += [(end, h, need, job.run_id) for h in hosts]
+        releases.sort()  # once for every victim's estimate
+        impacts = []
+        auto = True
+        for v in sorted(victims, key=lambda v: v.run_id):
+            vcls = self.classes[v.class_name]
+            auto = auto and _auto_approves(vcls, v)
+            found = lane.earliest(_units(v), len(v.running_on), self.now, free, releases)
+            age = (
+                v.last_checkpoint_age_s if v.last_checkpoint_age_s is not None else v.running_for_s
+            )
+            impacts.append(
+                VictimImpact(
+                    run_id=v.run_id,
+                    gpu_hours_since_checkpoint=round(v.gpus * len(v.running_on) * age / 3600.0, 4),
+                    steps_lost=v.steps_since_checkpoint,
+                    next_checkpoint_in_s=v.next_checkpoint_in_s,
+                    rollouts_in_flight=v.rollouts_in_flight,
+                    expected_resume_s=None if found is None else found[0] - self.now,
+                )
+            )
+        names = ", ".join(str(v.run_id) for v in sorted(victims, key=lambda v: v.run_id))
+        why = (
+            f"reclaiming team {job.team}'s quota in pool {lane.pool} from borrowing run(s) {names}"
+            if reclaim
+            else f"class {job.class_name} needs {job.hosts}x{need} {lane.unit} in pool "
+            f"{lane.pool}: preempting run(s) {names}"
+        )
+        self.decisions.preemptions.append(PreemptionPlan(job.run_id, impacts, auto, why))
+        approval = "auto-approved" if auto else "awaiting approval"
+        self.wait(job, f"waiting: preemption of run(s) {names} requested ({approval})")
+        lane.hold(hosts, need)
+        key = (job.team, lane.pool)
+        self.usage[key] = self.usage.get(key, 0) + need * job.hosts  # counts against its quota now
+        self._shares.pop(job.team, None)
+
+
+def schedule(
+    *,
+    hosts: list[HostView],
+    jobs: list[JobView],
+    classes: dict[str, PriorityClass],
+    quotas: list[Quota],
+    now: float,
+) -> Decisions:
+    """One scheduling pass. Queued jobs are those with `running_on == []`.
+
+    Placements start now; a job with a preemption plan is not placed in the same pass (it
+    starts once its victims have stopped), and a job marked `preemption_requested` gets no
+    second plan. Every queued job that is not placed has a reason in `waiting`.
+    """
+    return _Pass(hosts, jobs, classes, quotas, now).run()

@@ -1,0 +1,304 @@
+"""The scheduler service on the real database: a pass places runs through the runs' own
+placement path, records waiting reasons once, respects cordoned and draining hosts, files
+preemption requests with an impact preview, and admins' approve / reject / expiry do what
+they say (victims told to checkpoint and stop, or left alone), audited and drawn as events.
+No workers: the Celery messages go out after commit, which these tests never reach."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from console.audit.models import AuditEntry
+from console.runs import services as runs_services
+from console.runs.launch import LaunchError, default_document
+from console.runs.models import Attempt, AttemptState, Host, HostState, Run, RunCommand, RunState
+from console.scheduling import services
+from console.scheduling.models import (
+    DecisionKind,
+    PreemptionRequest,
+    PreemptionState,
+    PriorityClass,
+    SchedulingDecision,
+)
+from tests.console import test_runs_views
+from tests.console.test_runs_views import Lab
+
+pytestmark = pytest.mark.django_db
+lab = test_runs_views.lab  # the fixture: a model, the parity domain, a run
+
+
+def host(name: str, *, cpu_slots: int = 1, state: str = HostState.READY) -> Host:
+    return Host.objects.create(
+        name=name, cpu_slots=cpu_slots, state=state, heartbeat_at=timezone.now()
+    )
+
+
+def launch(lab: Lab, name: str, **options: Any) -> Run:
+    document = default_document(model="base", domains=[("parity", 1.0)])
+    document.update(name=name, max_steps=4)
+    return runs_services.run_launch(
+        actor=lab.people.owner, team=lab.people.team, document=document, **options
+    )
+
+
+def make_running(run: Run) -> Attempt:
+    """What the host agent and the job do when they start (no agent in these tests)."""
+    attempt = run.attempts.get(state=AttemptState.SCHEDULED)
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.RUNNING, started_at=timezone.now()
+    )
+    Run.objects.filter(pk=run.pk).update(state=RunState.RUNNING)
+    return attempt
+
+
+def urgent_class(**changes: Any) -> PriorityClass:
+    values = {"name": "urgent", "value": 1000, "can_preempt": True, "preemptible": False}
+    values.update(changes)
+    return PriorityClass.objects.create(**values)
+
+
+@pytest.fixture
+def full_fleet(lab: Lab) -> tuple[Lab, Run]:
+    """One CPU host, busy with a running run of the default class."""
+    lab.run.delete()  # the fixture's own run (failed attempt) is not needed here
+    host("cpu-a")
+    victim = launch(lab, "victim")
+    services.schedule_pass()
+    make_running(Run.objects.get(pk=victim.pk))
+    return lab, Run.objects.get(pk=victim.pk)
+
+
+def test_a_pass_places_a_queued_run_and_records_why(lab: Lab) -> None:
+    lab.run.delete()
+    host("cpu-a")
+    run = launch(lab, "first")
+    result = services.schedule_pass()
+    assert result.ran and [a.run_id for a in result.placed] == [run.pk]
+    run.refresh_from_db()
+    assert run.state == RunState.SCHEDULED
+    assert run.attempts.get().host.name == "cpu-a"
+    decision = SchedulingDecision.objects.get(run=run)
+    assert decision.kind == DecisionKind.PLACED and "cpu-a" in decision.reason
+
+
+def test_a_waiting_run_gets_its_reason_once_however_many_passes(lab: Lab) -> None:
+    lab.run.delete()
+    host("cpu-a")
+    launch(lab, "first")
+    second = launch(lab, "second")
+    for _ in range(3):
+        services.schedule_pass()
+    second.refresh_from_db()
+    assert second.state == RunState.QUEUED
+    assert second.state_reason.startswith("waiting")
+    waits = SchedulingDecision.objects.filter(run=second, kind=DecisionKind.WAITING)
+    assert [w.reason for w in waits] == [second.state_reason]
+
+
+def test_cordoned_and_draining_hosts_get_nothing_and_an_empty_draining_host_is_cordoned(
+    lab: Lab,
+) -> None:
+    lab.run.delete()
+    host("cordoned", state=HostState.CORDONED)
+    draining = host("draining", state=HostState.DRAINING)
+    run = launch(lab, "homeless")
+    services.schedule_pass()
+    run.refresh_from_db()
+    assert run.state == RunState.QUEUED and not run.attempts.exists()
+    draining.refresh_from_db()
+    assert draining.state == HostState.CORDONED
+
+
+def test_a_higher_class_on_a_full_fleet_files_one_request_with_an_impact_preview(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    urgent_class()
+    requester = launch(lab, "urgent-run", priority_class="urgent")
+    services.schedule_pass()
+    services.schedule_pass()  # a second pass does not file another
+    request = PreemptionRequest.objects.get()
+    assert request.state == PreemptionState.PENDING and not request.auto
+    assert request.requester_id == requester.pk
+    [impact] = request.victims.all()
+    assert impact.run_id == victim.pk
+    assert impact.gpu_hours_since_checkpoint >= 0 and impact.steps_lost >= 0
+    assert request.expires_at > timezone.now()
+    victim.refresh_from_db()
+    assert victim.state == RunState.RUNNING  # nothing happens before an admin decides
+    assert not RunCommand.objects.filter(run=victim).exists()
+    assert victim.events.filter(kind="preemption.requested").exists()
+
+
+def test_approving_tells_the_victim_to_checkpoint_and_stop_and_is_audited(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    urgent_class()
+    requester = launch(lab, "urgent-run", priority_class="urgent")
+    services.schedule_pass()
+    request = PreemptionRequest.objects.get()
+    admin = lab.people.teammate_admin
+    services.preemption_approve(actor=admin, request=request)
+    request.refresh_from_db()
+    assert request.state == PreemptionState.APPROVED and request.decided_by == admin
+    victim.refresh_from_db()
+    assert victim.state == RunState.PREEMPTING
+    command = RunCommand.objects.get(run=victim)
+    assert command.kind == "preempt" and f"request #{request.pk}" in command.reason
+    for run in (victim, requester):
+        assert run.events.filter(kind="preemption.approved").exists()
+    assert AuditEntry.objects.filter(action="preemption.approve", actor=admin).exists()
+    with pytest.raises(ValidationError):
+        services.preemption_approve(actor=admin, request=request)  # decided once
+
+
+def test_once_the_victim_stops_the_requester_is_placed_and_the_request_is_done(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    urgent_class()
+    requester = launch(lab, "urgent-run", priority_class="urgent")
+    services.schedule_pass()
+    request = PreemptionRequest.objects.get()
+    services.preemption_approve(actor=lab.people.teammate_admin, request=request)
+    attempt = victim.attempts.get(state=AttemptState.RUNNING)
+    runs_services.attempt_finished(attempt_id=attempt.pk, status="preempted", step=2)
+    Attempt.objects.filter(pk=attempt.pk).update(exit_code=3)  # the agent saw the job exit
+    services.schedule_pass()
+    request.refresh_from_db()
+    requester.refresh_from_db()
+    victim.refresh_from_db()
+    assert request.state == PreemptionState.DONE
+    assert requester.state == RunState.SCHEDULED
+    assert victim.state == RunState.QUEUED  # back in the queue, behind the requester
+
+
+def test_rejecting_needs_a_reason_leaves_the_victim_alone_and_is_not_asked_again_soon(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    urgent_class()
+    launch(lab, "urgent-run", priority_class="urgent")
+    services.schedule_pass()
+    request = PreemptionRequest.objects.get()
+    admin = lab.people.teammate_admin
+    with pytest.raises(ValidationError) as error:
+        services.preemption_reject(actor=admin, request=request, reason="  ")
+    assert "reason" in error.value.message_dict
+    request.refresh_from_db()
+    assert request.state == PreemptionState.PENDING  # nothing half-saved
+    services.preemption_reject(actor=admin, request=request, reason="the victim is a paper run")
+    request.refresh_from_db()
+    assert request.state == PreemptionState.REJECTED
+    assert request.rejection_reason == "the victim is a paper run"
+    services.schedule_pass()
+    assert PreemptionRequest.objects.count() == 1
+    victim.refresh_from_db()
+    assert victim.state == RunState.RUNNING
+    assert not RunCommand.objects.filter(run=victim).exists()
+    assert AuditEntry.objects.filter(action="preemption.reject").exists()
+
+
+def test_an_undecided_request_expires(full_fleet: tuple[Lab, Run]) -> None:
+    lab, victim = full_fleet
+    urgent_class()
+    launch(lab, "urgent-run", priority_class="urgent")
+    services.schedule_pass()
+    request = PreemptionRequest.objects.get()
+    services.schedule_pass(now=request.expires_at + dt.timedelta(seconds=1))
+    request.refresh_from_db()
+    assert request.state == PreemptionState.EXPIRED
+    assert victim.events.filter(kind="preemption.expired").exists()
+    victim.refresh_from_db()
+    assert victim.state == RunState.RUNNING
+
+
+def test_a_class_that_auto_approves_preempts_a_recently_checkpointed_victim_at_once(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    PriorityClass.objects.filter(name="normal").update(
+        approval="auto_recent_checkpoint", auto_approve_minutes=30
+    )
+    attempt = victim.attempts.get(state=AttemptState.RUNNING)
+    victim.checkpoints.create(attempt=attempt, step=1, path="/nowhere/ckpt-1", reason="periodic")
+    urgent_class()
+    launch(lab, "urgent-run", priority_class="urgent")
+    services.schedule_pass()
+    request = PreemptionRequest.objects.get()
+    assert request.state == PreemptionState.APPROVED and request.auto
+    assert request.decided_by is None
+    victim.refresh_from_db()
+    assert victim.state == RunState.PREEMPTING
+
+
+def test_a_run_without_a_class_launches_in_the_default_one_and_an_unknown_class_is_refused(
+    lab: Lab,
+) -> None:
+    run = launch(lab, "plain")
+    assert run.priority_class is not None and run.priority_class.name == "normal"
+    count = Run.objects.count()
+    with pytest.raises(LaunchError) as error:
+        launch(lab, "odd", priority_class="nope")
+    assert "priority_class" in error.value.errors
+    with pytest.raises(LaunchError) as error:
+        launch(lab, "odd", priority=5000)
+    assert "priority" in error.value.errors
+    assert Run.objects.count() == count
+
+
+def test_a_pass_while_another_holds_the_lock_does_nothing(lab: Lab) -> None:
+    from django.db import connections
+
+    lab.run.delete()
+    host("cpu-a")
+    run = launch(lab, "first")
+    # Another connection (another control worker) holds the scheduler's lock.
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [services.SCHEDULER_LOCK_KEY])
+        assert services.schedule_pass().ran is False
+        run.refresh_from_db()
+        assert run.state == RunState.QUEUED
+    finally:
+        other.close()
+
+
+def test_a_slot_frees_only_once_the_agent_has_seen_the_preempted_job_exit(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    attempt = victim.attempts.get(state=AttemptState.RUNNING)
+    runs_services.attempt_finished(attempt_id=attempt.pk, status="preempted", step=2)
+    waiting = launch(lab, "next")
+    services.schedule_pass()
+    waiting.refresh_from_db()
+    # The job reported, but its process is still tearing down: the agent is busy with it.
+    assert waiting.state == RunState.QUEUED
+    Attempt.objects.filter(pk=attempt.pk).update(exit_code=0)  # what the agent records
+    services.schedule_pass()
+    placed = {r.name for r in Run.objects.filter(state=RunState.SCHEDULED)}
+    assert placed & {"next", "victim"}
+
+
+def test_a_class_that_preempts_only_after_a_long_wait_does_not_ask_when_the_wait_is_short(
+    full_fleet: tuple[Lab, Run],
+) -> None:
+    lab, victim = full_fleet
+    # The victim's remaining time is unknown yet (no steps): estimated at an hour.
+    urgent_class(preempt_after_wait_s=2 * 3600)
+    requester = launch(lab, "patient", priority_class="urgent")
+    services.schedule_pass()
+    assert not PreemptionRequest.objects.exists()
+    requester.refresh_from_db()
+    assert requester.state == RunState.QUEUED and requester.state_reason.startswith("waiting")
+    PriorityClass.objects.filter(name="urgent").update(preempt_after_wait_s=600)
+    services.schedule_pass()
+    assert PreemptionRequest.objects.filter(requester=requester).exists()
