@@ -10,4 +10,4 @@ class Migration(migrations.Migration):
         ("runs", "0003_run_page_at_scale"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]
