@@ -30,6 +30,7 @@ SECTIONS = [
     "Runs",
     "Models",
     "Hosts",
+    "Scheduler",
     "Audit log",
     "Status",
     "Members",
