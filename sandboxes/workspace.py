@@ -129,7 +129,11 @@ class Workspace:
             sub.mkdir(mode=0o700)
             if self.uid is not None and self.gid is not None:
                 os.chown(sub, self.uid, self.gid)
+        # One time for all of them, which a reset puts back: made one after another, they can
+        # straddle a clock tick, and a recycled sandbox must look exactly like a fresh one.
         self._created_ns = os.lstat(self.work).st_mtime_ns
+        for sub in self.writable_dirs:
+            os.utime(sub, ns=(self._created_ns, self._created_ns), follow_symlinks=False)
         if self.limited:
             usage = os.statvfs(self.path)
             self._empty = (usage.f_bfree, usage.f_ffree)
