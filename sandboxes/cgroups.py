@@ -6,7 +6,12 @@ count), cpu (CFS quota), cpuacct/cpu.stat (CPU seconds) and the freezer or ``cgr
 race-free kill of the whole group, fork bombs included).
 
 The sandbox's processes join the cgroup *before* bwrap executes (the child writes ``0``,
-meaning itself, into each ``cgroup.procs``), so nothing runs outside it even for an instant.
+meaning itself, into each group's join file), so nothing runs outside it even for an instant.
+On v1 the join file is ``tasks``, not ``cgroup.procs``: a ``cgroup.procs`` write moves a whole
+thread group and takes the kernel's threadgroup rwsem for writing, which waits for an RCU grace
+period (~18 ms measured on this kernel, most of a sandbox's start); a ``tasks`` write moves one
+thread and skips that lock. Every process that joins is single-threaded (a fork's child, the
+supervisor), so its one thread is the whole process. v2 has no ``tasks``.
 Groups live under a ``sandboxes`` parent: ``<controller mount>/sandboxes/<name>`` (v1) or
 ``<cgroup2 mount>/sandboxes/<name>`` (v2, root) or, for a non-root user with a delegated
 cgroup, ``<own cgroup>/sandboxes/<name>`` (the caller moves itself into ``<own>/supervisor``
@@ -112,6 +117,8 @@ class RunMark:
     runs count only against the sandbox's total, and peak/OOM figures are the run's alone.
     """
 
+    #: The files a single-threaded process writes ``0`` to, to join the run's groups (v1:
+    #: ``tasks``, see the module's docstring; v2: ``cgroup.procs``).
     procs_paths: list[bytes]
     child: Path | None
     cpu_ns: int | None
@@ -120,12 +127,12 @@ class RunMark:
     @property
     def child_procs_paths(self) -> list[bytes]:
         """Only the run's own group: for a process already in the sandbox's other groups (a
-        supervisor's fork). Every cgroup.procs write is a migration that may wait for an RCU
-        grace period, so the ones that would change nothing are left out."""
+        supervisor's fork). Every write is a migration, so the ones that would change nothing
+        are left out."""
         if self.child is None:
             return self.procs_paths
-        own = os.fsencode(self.child / "cgroup.procs")
-        return [path for path in self.procs_paths if path == own]
+        own = os.fsencode(self.child)
+        return [path for path in self.procs_paths if os.path.dirname(path) == own]
 
 
 def _stat_value(path: Path, key: str) -> int | None:
@@ -320,7 +327,7 @@ class CgroupV1Group(CgroupGroup):
                 child.mkdir()
                 self._limit_memory(child, memory_mb)
                 directory = child
-            paths.append(os.fsencode(directory / "cgroup.procs"))
+            paths.append(os.fsencode(directory / "tasks"))
         sandbox_oom = None
         if "memory" in self.dirs:
             sandbox_oom = _stat_value(self.dirs["memory"] / "memory.oom_control", "oom_kill")

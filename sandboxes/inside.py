@@ -11,8 +11,8 @@ Protocol over the SOCK_SEQPACKET control socket (one message per datagram):
 
 - supervisor -> host ``ready`` once set up;
 - host -> supervisor ``NUL``-joined ``cwd, n, argc, argv..., NAME=VALUE...`` with these
-  descriptors attached: stdin, stdout, stderr, then ``n`` ``cgroup.procs`` files of the run's
-  own cgroup and those of the supervisor's (opened by the host);
+  descriptors attached: stdin, stdout, stderr, then ``n`` join files (v1 ``tasks``, v2
+  ``cgroup.procs``) of the run's own cgroup and those of the supervisor's (opened by the host);
 - host -> supervisor ``quiet`` when the host kills the run (timeout, ``kill``): no ``Killed``
   note on stderr then, as none comes on the bwrap path, where the init dies too;
 - supervisor -> host ``exit <wait status>`` when the command's first process has ended;

@@ -3,10 +3,10 @@
 One bwrap per open sandbox runs the supervisor as the sandbox's pid 1; each later command is a
 fork (and, for ``exec`` mode, an exec) of it, inside the namespaces that already exist, instead
 of a new bwrap with a new set of namespaces and mounts. The run's processes join the run's own
-cgroup before anything else (the host opens that group's ``cgroup.procs`` and passes the
-descriptor; the kernel checks the opener's credentials), so limits, counters and the kill of
-the whole process tree work as for a bwrap run. See ``sandboxes.inside`` for why the
-supervisor can sit next to hostile code.
+cgroup before anything else (the host opens that group's join file, v1 ``tasks`` or v2
+``cgroup.procs``, and passes the descriptor; the kernel checks the opener's credentials), so
+limits, counters and the kill of the whole process tree work as for a bwrap run. See
+``sandboxes.inside`` for why the supervisor can sit next to hostile code.
 """
 
 from __future__ import annotations

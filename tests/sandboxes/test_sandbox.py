@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -471,3 +472,68 @@ def test_runs_from_several_threads_on_one_sandbox_take_turns():
         log = sandbox.read_file("log").decode().split()
     assert results == {n: f"{n}\n" for n in range(4)}
     assert sorted(log) == ["0", "1", "2", "3"]
+
+
+def _cgroup_lines(pid: int) -> dict[str, str]:
+    """/proc/PID/cgroup as {controller: path} (v1 lines name one or more controllers)."""
+    paths: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else ["unified"]:
+            paths[controller] = path
+    return paths
+
+
+@pytest.mark.parametrize("supervise", ["never", "always"])
+def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
+    supervise, monkeypatch
+):
+    """Joining by ``tasks`` (v1) or from outside must still put every process of a run, and
+    what it forks, in each of the sandbox's groups (memory: the run's own child group)."""
+    import threading
+
+    from sandboxes.cgroups import cgroup_mounts
+
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
+    v1, v2 = cgroup_mounts()
+    sandbox = Sandbox(SandboxSpec(timeout_s=60)).open()
+    try:
+        group = sandbox._require().cgroup  # type: ignore[attr-defined]
+        if group is None:
+            pytest.skip("no cgroup here")
+        runner = threading.Thread(
+            target=lambda: sandbox.run(["sh", "-c", "sleep 60 & sleep 61; wait"])
+        )
+        runner.start()
+        sleepers: set[int] = set()
+        deadline = time.monotonic() + 10
+        while len(sleepers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            sleepers = set()
+            for pid in group.pids():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0"):
+                        sleepers.add(pid)
+        assert len(sleepers) == 2, "the run's child and grandchild never showed up"
+        everyone = group.pids()
+        assert sleepers <= everyone
+        for pid in everyone:
+            lines = _cgroup_lines(pid)
+            for controller, directory in group.dirs.items():
+                mount = v2 if controller == "unified" else v1[controller]
+                assert mount is not None
+                expected = "/" + str(directory.relative_to(mount))
+                where = lines[controller if controller != "unified" else "unified"]
+                assert where == expected or where.startswith(expected + "/"), (
+                    pid,
+                    controller,
+                    where,
+                )
+            if "memory" in group.dirs and pid in sleepers:
+                assert lines["memory"].startswith(
+                    "/" + str(group.dirs["memory"].relative_to(v1["memory"])) + "/run-"
+                )
+    finally:
+        sandbox.close()
+        runner.join(timeout=20)
+    assert_nothing_left(sandbox.name)
