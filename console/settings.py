@@ -149,6 +149,16 @@ PREEMPTION_REFILE_AFTER_S = env_int("PREEMPTION_REFILE_AFTER_S", 900, minimum=0)
 # A run whose job dies without reporting (a signal, the OOM killer) is resumed from its last
 # checkpoint; after this many deaths it fails instead.
 RUN_MAX_ATTEMPTS = env_int("RUN_MAX_ATTEMPTS", 3, minimum=1)
+# Runs on several hosts (gangs). A host agent registers HOST_ADDRESS: the address its peers'
+# ranks reach it at when its host holds a gang's node 0 (the rendezvous). Each gang attempt takes
+# one port of RUNS_RENDEZVOUS_PORT_FIRST .. +COUNT-1 on its node-0 host while it runs.
+# RUNS_DIST_BACKEND: torch.distributed's backend for jobs ("auto": nccl with CUDA, gloo without).
+HOST_ADDRESS = env_str("HOST_ADDRESS", "127.0.0.1")
+RUNS_RENDEZVOUS_PORT_FIRST = env_int("RUNS_RENDEZVOUS_PORT_FIRST", 29500, minimum=1024)
+RUNS_RENDEZVOUS_PORT_COUNT = env_int("RUNS_RENDEZVOUS_PORT_COUNT", 200, minimum=1)
+if RUNS_RENDEZVOUS_PORT_FIRST + RUNS_RENDEZVOUS_PORT_COUNT > 65536:
+    raise EnvError("RUNS_RENDEZVOUS_PORT_FIRST + RUNS_RENDEZVOUS_PORT_COUNT must be at most 65536")
+RUNS_DIST_BACKEND = env_choice("RUNS_DIST_BACKEND", "auto", {"auto", "gloo", "nccl"})
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -17,7 +17,8 @@ the loss of the whole mini-batch as if it had been one padded batch on one devic
 
 Distributed: `init_distributed` works alone (world size 1: it sets the rendezvous variables
 itself) and under ``deepspeed --num_gpus N`` or ``torchrun --nproc_per_node N``. On a machine
-without CUDA it sets ``DS_ACCELERATOR=cpu`` and uses gloo; with CUDA, nccl.
+without CUDA it sets ``DS_ACCELERATOR=cpu`` and uses gloo; with CUDA, nccl
+(``TRAINING_DIST_BACKEND`` names another: gloo, nccl or auto).
 """
 
 from __future__ import annotations
@@ -196,7 +197,11 @@ def init_distributed() -> tuple[int, int]:
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(_free_port()),
             )
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # A launcher may name the backend (the console's host agent passes its setting);
+        # otherwise nccl with CUDA, gloo without.
+        backend = os.environ.get("TRAINING_DIST_BACKEND", "auto")
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
         # DeepSpeed caches a clone of the world group; if an earlier world was torn down in this
         # process (an in-process vLLM engine destroys the default group when it closes), that

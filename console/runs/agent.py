@@ -10,6 +10,16 @@ end of its output.
 
 The job dies with the agent (``PR_SET_PDEATHSIG`` in the job): a killed agent leaves no orphan
 that would keep writing for an attempt the console has already given to another host.
+
+A run on several hosts (a gang) gets one message per host, each naming its node: every
+node's agent starts that host's process group, joined to the others by torch.distributed's
+rendezvous on node 0's host (the attempt's ``rendezvous``, an address and a port from
+RUNS_RENDEZVOUS_PORT_*): ``MASTER_ADDR``/``MASTER_PORT``, ``NNODES``, ``NODE_RANK``, and for a
+single-process node ``RANK``/``WORLD_SIZE``; a host with several GPUs runs ``torchrun`` with
+``--nnodes``/``--node-rank`` (its static rendezvous: node k holds ranks k*g .. k*g+g-1). Rank 0
+(on node 0) reports for the run. Each node's start and exit are recorded (``node.started``,
+``node.exited``); a node that dies ends the attempt as a whole (the run goes back to the
+queue), and the other nodes' agents then stop their process groups (`gang_stop_reason`).
 """
 
 from __future__ import annotations
@@ -120,7 +130,8 @@ def write_task_files(run: Run) -> None:
             if path.exists():
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".partial")
+            # A name of its own: every node of a gang may write the same file at once.
+            partial = path.parent / f"{path.name}.{os.getpid()}-{threading.get_ident()}.partial"
             rows = Task.objects.filter(
                 domain_id=pin["domain_id"], taskset_version=pin["taskset_version"], split=split
             ).order_by("index")
@@ -143,13 +154,42 @@ def task_for_training(task: Any) -> dict[str, Any]:
     return data
 
 
-def job_command(attempt: Attempt, gpus: list[int]) -> list[str]:
+def job_command(attempt: Attempt, gpus: list[int], *, node: int = 0, nodes: int = 1) -> list[str]:
     manage = str(Path(settings.BASE_DIR) / "manage.py")
     job = [manage, "run_attempt", str(attempt.pk)]
     if len(gpus) > 1:
         torchrun = shutil.which("torchrun") or "torchrun"
+        if nodes > 1:
+            address, _, port = attempt.rendezvous.rpartition(":")
+            return [
+                torchrun, f"--nnodes={nodes}", f"--node-rank={node}",
+                f"--nproc-per-node={len(gpus)}", f"--master-addr={address}",
+                f"--master-port={port}", *job,
+            ]  # fmt: skip
         return [torchrun, "--standalone", f"--nproc-per-node={len(gpus)}", *job]
     return [sys.executable, *job]
+
+
+def job_environment(
+    attempt: Attempt, gpus: list[int], *, name: str, node: int = 0, nodes: int = 1
+) -> dict[str, str]:
+    """The job's environment: the host's identity (``CONSOLE_HOST_NAME``, which a rank may put
+    on what it reports), the distributed backend, its GPUs, and for a gang the rendezvous."""
+    env = {
+        **os.environ,
+        AGENT_PID_ENV: str(os.getpid()),
+        HOST_NAME_ENV: name,
+        "PYTHONUNBUFFERED": "1",
+        "TRAINING_DIST_BACKEND": settings.RUNS_DIST_BACKEND,
+    }
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    if nodes > 1:
+        address, _, port = attempt.rendezvous.rpartition(":")
+        env.update(MASTER_ADDR=address, MASTER_PORT=port, NNODES=str(nodes), NODE_RANK=str(node))
+        if len(gpus) <= 1:  # one process on this node: it is its own launcher
+            env.update(RANK=str(node), LOCAL_RANK="0", WORLD_SIZE=str(nodes), LOCAL_WORLD_SIZE="1")
+    return env
 
 
 def _take_gpus(count: int) -> list[int]:
@@ -272,13 +312,18 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def execute(attempt_id: int) -> dict[str, Any]:
+def execute(attempt_id: int, node: int = 0) -> dict[str, Any]:
+    """Runs node `node` of the attempt on this host (node 0 for a run on one host)."""
     name = host_name()
-    if not services.attempt_claim(attempt_id=attempt_id, host_name=name, pid=os.getpid()):
-        logger.info("attempt %s: not claimable here (already taken or ended)", attempt_id)
-        return {"attempt": attempt_id, "claimed": False}
+    if not services.attempt_claim(
+        attempt_id=attempt_id, host_name=name, pid=os.getpid(), node=node
+    ):
+        logger.info("attempt %s node %s: not claimable here (taken or ended)", attempt_id, node)
+        return {"attempt": attempt_id, "node": node, "claimed": False}
     attempt = Attempt.objects.select_related("run", "host").get(pk=attempt_id)
+    nodes = attempt.allocations.count() or 1
     gpus = _take_gpus(attempt.run.gpus) if attempt.run.gpus else []
+    started = False
     try:
         try:
             write_task_files(attempt.run)
@@ -287,13 +332,12 @@ def execute(attempt_id: int) -> dict[str, Any]:
                 attempt_id=attempt_id,
                 status="failed",
                 step=attempt.start_step,
-                error=f"could not write the run's task files: {type(error).__name__}: {error}",
+                error=f"could not write the run's task files on {name}: "
+                f"{type(error).__name__}: {error}",
             )
-            return {"attempt": attempt_id, "claimed": True, "started": False}
-        env = {**os.environ, AGENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
-        if attempt.run.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        command = job_command(attempt, gpus)
+            return {"attempt": attempt_id, "node": node, "claimed": True, "started": False}
+        env = job_environment(attempt, gpus, name=name, node=node, nodes=nodes)
+        command = job_command(attempt, gpus, node=node, nodes=nodes)
         process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -303,27 +347,43 @@ def execute(attempt_id: int) -> dict[str, Any]:
             cwd=settings.BASE_DIR,
             start_new_session=True,  # its own process group: a stop reaches every rank
         )
+        started = True
         with _supervised_lock:
             _supervised[attempt_id] = process
-        services.attempt_append_log(attempt_id, f"$ {' '.join(command)}  (pid {process.pid})\n")
+        prefix = f"[node {node} on {name}] " if nodes > 1 else ""
+        services.attempt_append_log(
+            attempt_id, f"{prefix}$ {' '.join(command)}  (pid {process.pid})\n"
+        )
+        services.node_started(attempt=attempt, node=node, pid=process.pid, command=command)
         output = _Output(process.stdout)
+        prefixed = _Prefixed(prefix)
         stopped = False
-        preemption = _Preemption(attempt, ranks=len(gpus))
+        gang_stopped = ""
+        preemption = _Preemption(attempt, ranks=nodes * max(len(gpus), 1))
         while process.poll() is None:
             # Wakes at once when the job exits (the slot is free sooner than a plain sleep).
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=1.0)
-            services.attempt_append_log(attempt_id, output.take())
+            services.attempt_append_log(attempt_id, prefixed(output.take()))
             if not stopped and _should_stop(attempt):
                 stopped = True
-                services.attempt_append_log(attempt_id, "[agent] cancel not honoured: stopping\n")
+                services.attempt_append_log(
+                    attempt_id, f"{prefix}[agent] cancel not honoured: stopping\n"
+                )
                 _stop_group(process)
+            if nodes > 1 and not stopped and not gang_stopped:
+                gang_stopped = services.gang_stop_reason(attempt_id)
+                if gang_stopped:
+                    services.attempt_append_log(
+                        attempt_id, f"{prefix}[agent] {gang_stopped}: stopping this node\n"
+                    )
+                    _stop_group(process)
             if not stopped:
                 preemption.check(process, time.monotonic())
         output.thread.join(timeout=10)
-        services.attempt_append_log(attempt_id, output.take())
+        services.attempt_append_log(attempt_id, prefixed(output.take(), last=True))
         code = process.returncode
-        Attempt.objects.filter(pk=attempt_id).update(exit_code=code)
+        services.node_exited(attempt=attempt, node=node, exit_code=code)
         if stopped:
             services.attempt_finished(
                 attempt_id=attempt_id, status="cancelled", step=attempt.start_step, exit_code=code
@@ -335,19 +395,48 @@ def execute(attempt_id: int) -> dict[str, Any]:
                 attempt_id=attempt_id,
                 status="preempted",
                 step=step,
-                exit_code=code,
+                exit_code=code if node == 0 else None,
                 error=f"killed {preemption.grace_s:.0f} s after the preemption (its class's grace)",
             )
-        else:
+        elif gang_stopped:
+            pass  # the attempt had already ended: this node only followed
+        elif node == 0 or code != 0:
             # A job that reported its outcome has already ended its attempt; one that did not
-            # died (a signal, the OOM killer): its run resumes from its last checkpoint.
-            services.attempt_died(attempt_id=attempt_id, exit_code=code, last_output=output.last)
-        return {"attempt": attempt_id, "claimed": True, "exit_code": code}
+            # died (a signal, the OOM killer): its run resumes from its last checkpoint. In a
+            # gang, any node's death ends the attempt (rank 0 speaks for the job: the other
+            # nodes exit 0 when their ranks end, whatever the outcome).
+            services.attempt_died(
+                attempt_id=attempt_id,
+                exit_code=code,
+                last_output=output.last,
+                where=f"'s node {node} on {name}" if nodes > 1 else "",
+            )
+        return {"attempt": attempt_id, "node": node, "claimed": True, "exit_code": code}
     finally:
         with _supervised_lock:
             _supervised.pop(attempt_id, None)
         _give_back_gpus(gpus)
+        if not started:
+            services.node_never_started(attempt_id=attempt_id, node=node)
         # The slot is free only now (the scheduler counts an ended attempt whose exit the
         # agent has not recorded as still here): ask for a pass.
         services.request_placement()
         close_old_connections()
+
+
+class _Prefixed:
+    """A gang's nodes share the attempt's log: each node's lines say which node wrote them
+    (whole lines only; a line's start waits for its end)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.partial = ""
+
+    def __call__(self, text: str, *, last: bool = False) -> str:
+        if not self.prefix:
+            return text
+        text, self.partial = self.partial + text, ""
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n") and not last:
+            self.partial = lines.pop()
+        return "".join(self.prefix + line for line in lines)

@@ -53,17 +53,37 @@ class LaunchIn(Schema):
         ),
         json_schema_extra=launch_document_json_schema(),
     )
-    gpus: int = Field(0, ge=0, le=64, description="GPUs the run needs (0: a CPU slot)")
+    gpus: int = Field(0, ge=0, le=64, description="GPUs the run needs per host (0: a CPU slot)")
     cpu_slots: int = Field(1, ge=1, le=64)
+    hosts: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "Hosts the run starts on at once (a gang: one process group per host, joined by "
+            "a rendezvous on the first; gpus or cpu_slots are per host)"
+        ),
+    )
     priority_class: str = Field(
         "", max_length=64, description="A priority class's name ('': the default class)"
     )
     priority: int = Field(0, ge=-1000, le=1000, description="Order within the class: higher first")
 
 
+class AllocationOut(Schema):
+    node: int
+    host: str
+    gpus: int
+    cpu_slots: int
+    state: str
+    exit_code: int | None
+
+
 class AttemptOut(Schema):
     number: int
     host: str
+    hosts: list[AllocationOut]
+    rendezvous: str
     state: str
     start_step: int
     resume_from: str
@@ -89,6 +109,7 @@ class RunOut(Schema):
     dropped_trajectories: int
     gpus: int
     cpu_slots: int
+    hosts: int
     priority_class: str
     priority: int
     created_at: dt.datetime
@@ -145,6 +166,7 @@ def _run_out(run: Run) -> dict[str, Any]:
         "dropped_trajectories": run.dropped_trajectories,
         "gpus": run.gpus,
         "cpu_slots": run.cpu_slots,
+        "hosts": run.hosts,
         "priority_class": run.priority_class.name if run.priority_class else "",
         "priority": run.priority,
         "created_at": run.created_at,
@@ -164,6 +186,18 @@ def _run_detail(run: Run) -> dict[str, Any]:
             {
                 "number": a.number,
                 "host": a.host.name,
+                "hosts": [
+                    {
+                        "node": n.node_rank,
+                        "host": n.host.name,
+                        "gpus": n.gpus,
+                        "cpu_slots": n.cpu_slots,
+                        "state": n.state,
+                        "exit_code": n.exit_code,
+                    }
+                    for n in a.allocations.all()
+                ],
+                "rendezvous": a.rendezvous,
                 "state": a.state,
                 "start_step": a.start_step,
                 "resume_from": a.resume_from,
@@ -371,6 +405,7 @@ def run_launch(request: HttpRequest, payload: LaunchIn) -> Any:
             document=payload.spec,
             gpus=payload.gpus,
             cpu_slots=payload.cpu_slots,
+            hosts=payload.hosts,
             priority_class=payload.priority_class,
             priority=payload.priority,
         )

@@ -35,6 +35,7 @@ FIELD_FOR_PATH = {
     "ewc": "ewc_strength",
     "ewc.strength": "ewc_strength",
     "gpus": "gpus",
+    "hosts": "hosts",
     "priority": "priority",
     "priority_class": "priority_class",
 }
@@ -84,7 +85,17 @@ class NewRunForm(forms.Form):
         label="Checkpoint every N steps", min_value=0, help_text="0: only on preempt and at the end"
     )
     ewc_strength = forms.FloatField(label="EWC strength", help_text="0: off")
-    gpus = forms.IntegerField(label="GPUs", min_value=0, max_value=64, help_text="0: a CPU slot")
+    gpus = forms.IntegerField(
+        label="GPUs", min_value=0, max_value=64, help_text="Per host. 0: a CPU slot"
+    )
+    hosts = forms.IntegerField(
+        label="Hosts",
+        required=False,
+        min_value=1,
+        max_value=64,
+        initial=1,
+        help_text="More than 1: the run starts on that many hosts at once, or waits.",
+    )
     priority_class = forms.ChoiceField(
         label="Priority class",
         required=False,
@@ -233,6 +244,7 @@ def initial_from_document(document: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_every": document.get("checkpoint", {}).get("every_steps", 0),
         "ewc_strength": document.get("ewc", {}).get("strength", 0.0),
         "gpus": 0,
+        "hosts": 1,
         "priority_class": "normal",
         "priority": 0,
     }

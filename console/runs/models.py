@@ -73,6 +73,8 @@ class Host(models.Model):
     agent_pid = models.IntegerField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     state_reason = models.CharField(max_length=500, blank=True)
+    # Where the other hosts of a gang reach this one when it holds node 0 (HOST_ADDRESS).
+    address = models.CharField(max_length=255, blank=True)
     # Quotas are per pool; a host without one is in the default pool.
     pool = models.ForeignKey(
         "scheduling.ResourcePool",
@@ -210,11 +212,23 @@ class Attempt(models.Model):
     log_head = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)
     log_bytes = models.BigIntegerField(default=0)
+    # A gang (the run on several hosts): "address:port" of node 0, where every node's ranks
+    # meet (torch.distributed's TCP store). The port is taken from RUNS_RENDEZVOUS_PORT_* while
+    # the attempt is live; "" and None for a run on one host.
+    rendezvous = models.CharField(max_length=300, blank=True)
+    rendezvous_port = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "number"]
         constraints = [
             models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique"),
+            # Two live gangs never share a rendezvous port (the scheduler picks a free one;
+            # this is the backstop). Every node-0 host of this console draws from one range.
+            models.UniqueConstraint(
+                fields=["rendezvous_port"],
+                condition=Q(state__in=["scheduled", "starting", "running"]),
+                name="attempt_rendezvous_port_live",
+            ),
             # One live attempt per run: a run is never executed twice at once.
             models.UniqueConstraint(
                 fields=["run"],
@@ -236,6 +250,45 @@ class Attempt(models.Model):
         if dropped > 0:
             return f"{self.log_head}\n[... {dropped:,} bytes left out ...]\n{self.log_tail}"
         return self.log_head + self.log_tail
+
+
+class AllocationState(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"  # sent to the host's queue
+    STARTING = "starting", "Starting"  # claimed by that host's agent
+    RUNNING = "running", "Running"  # its process group runs
+    EXITED = "exited", "Exited"  # its process group ended (exit_code says how)
+    LOST = "lost", "Lost"  # never started, or its host went silent
+
+
+class Allocation(models.Model):
+    """One host's share of an attempt: node `node_rank` of the run's process groups, with its
+    GPUs (or CPU slots) on that host. Every attempt has one per host it runs on (one for a run
+    on one host); node 0 is on the attempt's own host and holds the rendezvous."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="allocations")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="allocations")
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="allocations")
+    node_rank = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField(default=0)
+    cpu_slots = models.PositiveIntegerField(default=0)
+    state = models.CharField(
+        max_length=16, choices=AllocationState.choices, default=AllocationState.SCHEDULED
+    )
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt", "node_rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "node_rank"], name="allocation_node_unique"),
+            models.UniqueConstraint(fields=["attempt", "host"], name="allocation_host_unique"),
+        ]
+        indexes = [models.Index(fields=["host", "state"], name="allocation_host_state")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attempt {self.attempt_id} node {self.node_rank}"
 
 
 class TrajectoryRecord(models.Model):

@@ -14,6 +14,7 @@ from console.accounts.models import Team
 from console.registry.models import VersionStatus
 from console.runs.models import (
     PER_STEP_EVENT_KINDS,
+    Allocation,
     Attempt,
     Checkpoint,
     Host,
@@ -43,7 +44,13 @@ def run_get(*, pk: int) -> Run:
 
 
 def run_attempts(*, run: Run) -> QuerySet[Attempt]:
-    return run.attempts.select_related("host").order_by("number")
+    """The run's attempts, each with its hosts (`allocations`, node 0 first)."""
+    nodes = Allocation.objects.select_related("host").order_by("node_rank")
+    return (
+        run.attempts.select_related("host")
+        .prefetch_related(Prefetch("allocations", queryset=nodes))
+        .order_by("number")
+    )
 
 
 def run_trajectory_count(*, run: Run) -> int:

@@ -31,6 +31,8 @@ from console.runs.launch import (
 )
 from console.runs.models import (
     LIVE_ATTEMPT_STATES,
+    Allocation,
+    AllocationState,
     Attempt,
     AttemptState,
     Checkpoint,
@@ -355,13 +357,15 @@ def run_launch(
     document: Any,
     gpus: int = 0,
     cpu_slots: int = 1,
+    hosts: int = 1,
     priority_class: str = "",
     priority: int = 0,
 ) -> Run:
     """Validates the launch document in full, pins the registry, saves the run as queued and
     asks the control worker to place it. `priority_class` names a class ("" the default one);
-    `priority` orders runs within it. Raises `LaunchError` (every problem by path) and then
-    saves nothing."""
+    `priority` orders runs within it. `hosts` > 1 starts the run on that many hosts at once
+    (a gang: `gpus` or `cpu_slots` on each, one process group per host). Raises `LaunchError`
+    (every problem by path) and then saves nothing."""
     from console.scheduling.models import PriorityClass
     from console.scheduling.services import default_class
 
@@ -370,6 +374,8 @@ def run_launch(
         errors.setdefault("gpus", []).append("must be between 0 and 64")
     if cpu_slots < 1 or cpu_slots > 64:
         errors.setdefault("cpu_slots", []).append("must be between 1 and 64")
+    if hosts < 1 or hosts > 64:
+        errors.setdefault("hosts", []).append("must be between 1 and 64")
     if not -1000 <= priority <= 1000:
         errors.setdefault("priority", []).append("must be between -1000 and 1000")
     chosen_class = (
@@ -409,6 +415,7 @@ def run_launch(
             model_version=model,
             gpus=gpus,
             cpu_slots=cpu_slots,
+            hosts=hosts,
             priority_class=chosen_class,
             priority=priority,
             max_steps=0,
@@ -432,6 +439,7 @@ def run_launch(
                 "model": str(model),
                 "priority_class": chosen_class.name if chosen_class else "",
                 "priority": priority,
+                "hosts": hosts,
             },
         )
         audit_record(
@@ -470,10 +478,10 @@ def _fresh_host_cutoff() -> dt.datetime:
 
 
 def host_free_slots(host: Host) -> tuple[int, int]:
-    """(free GPU slots, free CPU slots) on `host`."""
-    live = Attempt.objects.filter(host=host, state__in=LIVE_ATTEMPT_STATES).select_related("run")
-    gpus = sum(a.run.gpus for a in live)
-    cpus = sum(a.run.cpu_slots for a in live if a.run.gpus == 0)
+    """(free GPU slots, free CPU slots) on `host` (every node of a live attempt placed there)."""
+    live = Allocation.objects.filter(host=host, attempt__state__in=LIVE_ATTEMPT_STATES)
+    gpus = sum(a.gpus for a in live)
+    cpus = sum(a.cpu_slots for a in live)
     return host.gpu_slots - gpus, host.cpu_slots - cpus
 
 
@@ -492,28 +500,52 @@ def place_runs() -> list[Attempt]:
     return schedule_pass().placed
 
 
-def _schedule(run: Run, host: Host) -> Attempt:
+def _schedule(run: Run, hosts: list[Host], *, rendezvous_port: int | None = None) -> Attempt:
+    """The run's next attempt on `hosts` (node 0 first): one allocation per host, and one
+    message to each host's queue after commit. A run on several hosts (a gang) needs its
+    `rendezvous_port` on node 0's host; the caller has checked that every host has room, in
+    the same transaction (`console.scheduling.services.gang_start`)."""
+    if len(hosts) != max(run.hosts, 1) or len({h.pk for h in hosts}) != len(hosts):
+        raise ValueError(f"run {run.pk} needs {run.hosts} distinct host(s), got {len(hosts)}")
+    if len(hosts) > 1 and rendezvous_port is None:
+        raise ValueError("a run on several hosts needs a rendezvous port")
     number = (run.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
     checkpoint = last_checkpoint(run)
+    master = hosts[0]
+    gang = len(hosts) > 1
     attempt = Attempt.objects.create(
         run=run,
         number=number,
-        host=host,
+        host=master,
         resume_from=checkpoint.path if checkpoint else "",
         start_step=checkpoint.step if checkpoint else 0,
+        rendezvous=f"{master.address or '127.0.0.1'}:{rendezvous_port}" if gang else "",
+        rendezvous_port=rendezvous_port if gang else None,
     )
-    _set_run_state(run, RunState.SCHEDULED, f"placed on {host.name} (attempt {number})")
-    record_event(
-        run,
-        "attempt.scheduled",
-        {"attempt": number, "host": host.name, "step": attempt.start_step},
-        attempt=attempt,
+    Allocation.objects.bulk_create(
+        Allocation(
+            attempt=attempt,
+            run=run,
+            host=host,
+            node_rank=node,
+            gpus=run.gpus,
+            cpu_slots=0 if run.gpus else run.cpu_slots,
+        )
+        for node, host in enumerate(hosts)
     )
+    names = [h.name for h in hosts]
+    where = f"{len(hosts)} hosts ({', '.join(names)})" if gang else master.name
+    _set_run_state(run, RunState.SCHEDULED, f"placed on {where} (attempt {number})")
+    data: dict[str, Any] = {"attempt": number, "host": master.name, "step": attempt.start_step}
+    if gang:
+        data.update(hosts=names, rendezvous=attempt.rendezvous)
+    record_event(run, "attempt.scheduled", data, attempt=attempt)
 
     def send() -> None:
         from console.runs.tasks import execute_attempt
 
-        execute_attempt.apply_async(args=[attempt.pk], queue=host.queue)
+        for node, host in enumerate(hosts):
+            execute_attempt.apply_async(args=[attempt.pk], kwargs={"node": node}, queue=host.queue)
 
     transaction.on_commit(send)
     return attempt
@@ -522,14 +554,126 @@ def _schedule(run: Run, host: Host) -> Attempt:
 # --- the attempt lifecycle (host agent and job) ---------------------------------------------
 
 
-def attempt_claim(*, attempt_id: int, host_name: str, pid: int) -> bool:
-    """The host agent takes the attempt: one conditional update, so a re-delivered message
-    (or a second agent) never runs an attempt twice."""
+def attempt_claim(*, attempt_id: int, host_name: str, pid: int, node: int = 0) -> bool:
+    """The host agent takes its node of the attempt: conditional updates, so a re-delivered
+    message (or a second agent) never runs a node twice. Node 0 also takes the attempt itself
+    (its job's rank 0 reports for the run); the other nodes only their allocation, while the
+    attempt is live."""
     now = timezone.now()
-    claimed = Attempt.objects.filter(
-        pk=attempt_id, state=AttemptState.SCHEDULED, host__name=host_name
-    ).update(state=AttemptState.STARTING, started_at=now, heartbeat_at=now, pid=pid)
-    return claimed == 1
+    with transaction.atomic():
+        if node == 0:
+            claimed = Attempt.objects.filter(
+                pk=attempt_id, state=AttemptState.SCHEDULED, host__name=host_name
+            ).update(state=AttemptState.STARTING, started_at=now, heartbeat_at=now, pid=pid)
+            if claimed != 1:
+                return False
+        elif not Attempt.objects.filter(pk=attempt_id, state__in=LIVE_ATTEMPT_STATES).exists():
+            return False
+        taken = Allocation.objects.filter(
+            attempt_id=attempt_id,
+            node_rank=node,
+            host__name=host_name,
+            state=AllocationState.SCHEDULED,
+        ).update(state=AllocationState.STARTING, started_at=now)
+        if node != 0 and taken != 1:
+            return False
+    return True
+
+
+def node_started(*, attempt: Attempt, node: int, pid: int, command: list[str]) -> None:
+    """A node's process group runs (recorded on the run as ``node.started``)."""
+    allocation = Allocation.objects.select_related("host").get(attempt=attempt, node_rank=node)
+    Allocation.objects.filter(pk=allocation.pk).update(state=AllocationState.RUNNING, pid=pid)
+    record_event(
+        attempt.run,
+        "node.started",
+        {
+            "attempt": attempt.number,
+            "node": node,
+            "host": allocation.host.name,
+            "pid": pid,
+            "command": " ".join(command)[:1000],
+        },
+        attempt=attempt,
+    )
+
+
+def node_exited(*, attempt: Attempt, node: int, exit_code: int | None) -> None:
+    """A node's process group ended (``node.exited``); node 0's exit code is the attempt's."""
+    now = timezone.now()
+    allocation = Allocation.objects.select_related("host").get(attempt=attempt, node_rank=node)
+    Allocation.objects.filter(pk=allocation.pk).update(
+        state=AllocationState.EXITED, exit_code=exit_code, ended_at=now
+    )
+    if node == 0:
+        Attempt.objects.filter(pk=attempt.pk).update(exit_code=exit_code)
+    record_event(
+        attempt.run,
+        "node.exited",
+        {
+            "attempt": attempt.number,
+            "node": node,
+            "host": allocation.host.name,
+            "exit_code": exit_code,
+        },
+        attempt=attempt,
+    )
+    notify(attempt.run, "run.event", {"kind": "node.exited"}, to_lists=False)
+
+
+def node_never_started(*, attempt_id: int, node: int) -> None:
+    """The agent claimed the node but started no process (it could not write the run's task
+    files): the node holds nothing."""
+    Allocation.objects.filter(
+        attempt_id=attempt_id, node_rank=node, state=AllocationState.STARTING
+    ).update(state=AllocationState.LOST, ended_at=timezone.now())
+
+
+def gang_stop_reason(attempt_id: int) -> str:
+    """Why a node of a gang should stop its process group now ("" if it should not): the
+    attempt ended without it (another node died, its host went silent, the run failed), or it
+    ended well (completed, preempted) more than RUN_CANCEL_GRACE_S ago and this node still
+    runs. Every node runs only while all do: ranks alone cannot finish a step."""
+    attempt = Attempt.objects.only("state", "outcome", "ended_at").get(pk=attempt_id)
+    if attempt.state in LIVE_ATTEMPT_STATES:
+        return ""
+    grace = dt.timedelta(seconds=settings.RUN_CANCEL_GRACE_S)
+    if attempt.outcome in ("completed", "preempted") and (
+        attempt.ended_at is None or timezone.now() - attempt.ended_at < grace
+    ):
+        return ""
+    return f"the attempt has ended ({attempt.outcome or attempt.state})"
+
+
+def gang_peer_lost(*, attempt: Attempt, node: int, wait_s: float) -> str:
+    """For rank 0 of a gang whose training failed: whether another node died (or its host went
+    silent) within `wait_s`. A node's death breaks the collective and fails every rank, so
+    the failure is that node's death (the run resumes), not the run's. "" when every other node
+    exited cleanly, or none died within `wait_s`."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    silent_after = dt.timedelta(seconds=settings.HOST_OFFLINE_AFTER_S)
+    while True:
+        state, outcome = Attempt.objects.values_list("state", "outcome").get(pk=attempt.pk)
+        if state not in LIVE_ATTEMPT_STATES:
+            return f"the attempt already ended ({outcome or state})"
+        peers = list(
+            Allocation.objects.filter(attempt_id=attempt.pk)
+            .exclude(node_rank=node)
+            .select_related("host")
+        )
+        for peer in peers:
+            if peer.state == AllocationState.LOST or (
+                peer.state == AllocationState.EXITED and peer.exit_code not in (0, None)
+            ):
+                return f"node {peer.node_rank} on {peer.host.name} died (exit {peer.exit_code})"
+            beat = peer.host.heartbeat_at
+            if beat is None or timezone.now() - beat > silent_after:
+                return f"node {peer.node_rank}'s host {peer.host.name} went silent"
+        if all(p.state == AllocationState.EXITED for p in peers) or time.monotonic() > deadline:
+            return ""
+        time.sleep(0.5)
 
 
 def attempt_started(attempt: Attempt, *, pid: int) -> None:
@@ -640,6 +784,14 @@ def _requeue_lost(attempt: Attempt, reason: str, outcome: str = "lost") -> None:
     attempt.error = reason
     attempt.ended_at = timezone.now()
     attempt.save(update_fields=["state", "outcome", "error", "ended_at"])
+    # Nodes that never started will not: their hosts' agents find nothing to claim. Nodes on a
+    # silent host never report their exit. (Running nodes elsewhere are stopped by their
+    # agents, which record their exit: `gang_stop_reason`.)
+    Allocation.objects.filter(attempt=attempt).filter(
+        Q(state=AllocationState.SCHEDULED) | Q(host__state=HostState.OFFLINE)
+    ).exclude(state=AllocationState.EXITED).update(
+        state=AllocationState.LOST, ended_at=timezone.now()
+    )
     run = Run.objects.select_for_update().get(pk=attempt.run_id)
     record_event(
         run, "attempt.lost", {"attempt": attempt.number, "reason": reason}, attempt=attempt
@@ -652,13 +804,16 @@ def _requeue_lost(attempt: Attempt, reason: str, outcome: str = "lost") -> None:
         _set_run_state(run, RunState.QUEUED, f"{reason}; resumes from its last checkpoint")
 
 
-def attempt_died(*, attempt_id: int, exit_code: int | None, last_output: str) -> None:
+def attempt_died(
+    *, attempt_id: int, exit_code: int | None, last_output: str, where: str = ""
+) -> None:
     """The job exited without reporting an outcome (killed by a signal or the OOM killer, or
-    its interpreter crashed). Its run goes back to the queue and resumes from its last
+    its interpreter crashed), or, in a gang, one node's process group did (`where` names it):
+    the whole attempt ends. Its run goes back to the queue and resumes from its last
     checkpoint, unless its jobs have now died RUN_MAX_ATTEMPTS times: then it fails, with the
     job's last output."""
     how = f"signal {-exit_code}" if exit_code is not None and exit_code < 0 else f"code {exit_code}"
-    reason = f"the job died ({how}) without reporting"
+    reason = f"the job{where} died ({how}) without reporting"
     with transaction.atomic():
         attempt = Attempt.objects.select_for_update().get(pk=attempt_id)
         if attempt.state not in LIVE_ATTEMPT_STATES:
@@ -698,20 +853,30 @@ def sweep() -> dict[str, int]:
                 else "never sent a heartbeat"
             )
             host.save(update_fields=["state", "state_reason"])
+        # A gang is lost with any of its hosts.
+        gang_offline = Allocation.objects.filter(
+            host__state=HostState.OFFLINE, attempt__state__in=LIVE_ATTEMPT_STATES
+        ).values("attempt_id")
         stale = (
-            Attempt.objects.select_for_update(skip_locked=True)
+            Attempt.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(state__in=LIVE_ATTEMPT_STATES)
             .filter(
                 Q(host__state=HostState.OFFLINE)
+                | Q(pk__in=gang_offline)
                 | Q(heartbeat_at__lt=cutoff)
                 | Q(heartbeat_at=None, scheduled_at__lt=cutoff)
             )
             .select_related("host")
         )
         for attempt in stale:
+            gone = (
+                Allocation.objects.filter(attempt=attempt, host__state=HostState.OFFLINE)
+                .values_list("host__name", flat=True)
+                .first()
+            )
             reason = (
-                f"host {attempt.host.name} went silent"
-                if attempt.host.state == HostState.OFFLINE
+                f"host {gone} went silent"
+                if gone
                 else f"attempt {attempt.number} stopped reporting on {attempt.host.name}"
             )
             _requeue_lost(attempt, reason)
@@ -731,6 +896,7 @@ def host_register(*, name: str, inventory: dict[str, Any], agent_pid: int) -> Ho
             "inventory": inventory,
             "gpu_slots": gpus,
             "cpu_slots": 0 if gpus else settings.HOST_CPU_SLOTS,
+            "address": settings.HOST_ADDRESS,
             "agent_pid": agent_pid,
             "heartbeat_at": timezone.now(),
         },

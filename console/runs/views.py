@@ -187,6 +187,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
                     team=team,
                     document=document,
                     gpus=form.cleaned_data["gpus"],
+                    hosts=form.cleaned_data["hosts"] or 1,
                     priority_class=form.cleaned_data["priority_class"] or "",
                     priority=form.cleaned_data["priority"] or 0,
                 )
@@ -228,7 +229,14 @@ def _live_context(run: Run) -> dict[str, Any]:
     """The header's facts (also the htmx part the page refetches when an event comes)."""
     attempts = list(selectors.run_attempts(run=run))
     selectors.run_list_summaries([run])  # its ETA and newest reward
-    hosts = list(dict.fromkeys(attempt.host.name for attempt in attempts))
+    # Every host any attempt ran on (a gang's nodes in node order).
+    hosts = list(
+        dict.fromkeys(
+            node.host.name
+            for attempt in attempts
+            for node in (attempt.allocations.all() or [attempt])
+        )
+    )
     return {
         "run": run,
         "attempts": attempts,

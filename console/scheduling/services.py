@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Prefetch, Q
 from django.utils import timezone
 
 from console.accounts.models import Team
@@ -28,6 +28,8 @@ from console.audit.services import audit_record
 from console.runs import services as runs_services
 from console.runs.models import (
     LIVE_ATTEMPT_STATES,
+    Allocation,
+    AllocationState,
     Attempt,
     Checkpoint,
     CommandKind,
@@ -145,11 +147,8 @@ def _job_view(
         view.preemption_requested = run.pk in open_requesters
         return view
     view.running_on = [
-        policy.Allocation(
-            host=attempt.host.name,
-            gpus=run.gpus,
-            cpu_slots=0 if run.gpus else run.cpu_slots,
-        )
+        policy.Allocation(host=node.host.name, gpus=node.gpus, cpu_slots=node.cpu_slots)
+        for node in attempt.allocations.all()
     ]
     checkpoint = checkpoints.get(run.pk)
     started = attempt.started_at or attempt.scheduled_at
@@ -176,29 +175,27 @@ def _fleet(now: dt.datetime) -> tuple[list[Host], list[policy.HostView], dict[in
     hosts = list(
         Host.objects.select_for_update(of=("self",)).select_related("pool").order_by("name")
     )
+    nodes = Allocation.objects.select_related("host").order_by("node_rank")
     live = {
         a.run_id: a
-        for a in Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES).select_related("run", "host")
+        for a in Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES)
+        .select_related("run", "host")
+        .prefetch_related(Prefetch("allocations", queryset=nodes))
     }
     used: dict[int, list[int]] = {h.pk: [0, 0] for h in hosts}
-    # An attempt that has ended but whose job the agent has not yet seen exit (no exit code
-    # yet: a preempted job still tearing down) holds its slot: the agent would not take the
-    # next attempt before then, and the sweep would take that attempt for lost.
-    exiting = (
-        Attempt.objects.filter(
-            exit_code__isnull=True,
-            started_at__isnull=False,
-            ended_at__gte=fresh,
-            host__state__in=[HostState.READY, HostState.CORDONED, HostState.DRAINING],
-        )
-        .exclude(state__in=LIVE_ATTEMPT_STATES)
-        .select_related("run")
-    )
-    for attempt in [*live.values(), *exiting]:
-        if attempt.run.gpus:
-            used[attempt.host_id][0] += attempt.run.gpus
-        else:
-            used[attempt.host_id][1] += attempt.run.cpu_slots
+    # Every node of a live attempt holds its host's slots. So does a node of an ended attempt
+    # whose process group the agent has not yet seen exit (a preempted job still tearing
+    # down): the agent would not take the next attempt before then, and the sweep would take
+    # that attempt for lost.
+    exiting = Allocation.objects.filter(
+        state__in=[AllocationState.STARTING, AllocationState.RUNNING],
+        attempt__ended_at__gte=fresh,
+        host__state__in=[HostState.READY, HostState.CORDONED, HostState.DRAINING],
+    ).exclude(attempt__state__in=LIVE_ATTEMPT_STATES)
+    for node in [*(n for a in live.values() for n in a.allocations.all()), *exiting]:
+        if node.host_id in used:
+            used[node.host_id][0] += node.gpus
+            used[node.host_id][1] += node.cpu_slots
     views = [
         policy.HostView(
             name=h.name,
@@ -305,17 +302,12 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
             if placed_run is None:
                 continue
             run = placed_run
-            if len(placement.allocations) != 1:
-                # The policy can place a gang; starting one on several hosts is not built yet.
-                decisions.waiting[run.pk] = (
-                    f"waiting: a start on {len(placement.allocations)} hosts at once is not "
-                    "supported yet"
-                )
+            started = gang_start(run, [by_name[a.host] for a in placement.allocations])
+            if isinstance(started, str):
+                decisions.waiting[run.pk] = started
                 continue
-            host = by_name[placement.allocations[0].host]
-            attempt = runs_services._schedule(run, host)
             _decide(run, DecisionKind.PLACED, placement.reason)
-            result.placed.append(attempt)
+            result.placed.append(started)
         changed: dict[str, list[Run]] = {}
         for run_id, reason in decisions.waiting.items():
             waiting_run = queued.get(run_id)
@@ -340,6 +332,55 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
             if request is not None:
                 result.filed.append(request)
     return result
+
+
+# --- gang start -----------------------------------------------------------------------------
+
+
+def rendezvous_port() -> int | None:
+    """The lowest port of RUNS_RENDEZVOUS_PORT_* that no gang holds: one whose attempt is live,
+    or one of whose nodes still runs (an ended attempt's port is free once its process groups
+    have exited). None when every port is held."""
+    first = settings.RUNS_RENDEZVOUS_PORT_FIRST
+    held = set(
+        Attempt.objects.filter(rendezvous_port__isnull=False)
+        .filter(
+            Q(state__in=LIVE_ATTEMPT_STATES)
+            | Q(
+                allocations__state__in=[AllocationState.STARTING, AllocationState.RUNNING],
+            )
+        )
+        .values_list("rendezvous_port", flat=True)
+    )
+    for port in range(first, first + settings.RUNS_RENDEZVOUS_PORT_COUNT):
+        if port not in held:
+            return port
+    return None
+
+
+def gang_start(run: Run, hosts: list[Host]) -> Attempt | str:
+    """Starts `run` on `hosts` (node 0 first) all at once or not at all: in one savepoint, with
+    the hosts locked by the pass, every host is checked to be ready with room for the run's
+    share, a gang takes a rendezvous port, and the attempt and one allocation per host are
+    written (the messages to the hosts' queues go out after commit). Returns the waiting
+    reason instead when any of it fails; then nothing is written."""
+    if len(hosts) != max(run.hosts, 1) or len({h.pk for h in hosts}) != len(hosts):
+        return f"waiting: needs {run.hosts} distinct hosts, the placement named {len(hosts)}"
+    for host in hosts:
+        free_gpus, free_cpus = runs_services.host_free_slots(host)
+        short = free_gpus < run.gpus if run.gpus else free_cpus < run.cpu_slots
+        if host.state != HostState.READY or short:
+            return f"waiting: host {host.name} has no room for its share of the gang"
+    port = None
+    if len(hosts) > 1:
+        port = rendezvous_port()
+        if port is None:
+            return (
+                "waiting: every rendezvous port is held "
+                f"(RUNS_RENDEZVOUS_PORT_COUNT={settings.RUNS_RENDEZVOUS_PORT_COUNT})"
+            )
+    with transaction.atomic():
+        return runs_services._schedule(run, hosts, rendezvous_port=port)
 
 
 # --- preemption requests ---------------------------------------------------------------------

@@ -2,7 +2,9 @@
 production: the agent claims the attempt first). Builds the `RunSpec` from the run's pinned
 spec, resumes from the checkpoint the attempt was given, and calls
 ``training.run(spec, ConsoleSink(attempt), ConsoleControl(attempt))``; then records the outcome.
-Ranks other than 0 (under torchrun) report nothing: rank 0 speaks for the job.
+Ranks other than 0 (under torchrun, or on a gang's other hosts) report nothing: rank 0 speaks
+for the job. In a gang, rank 0 does not report a failure that another node's death caused:
+the agents end the attempt as that node's death, and the run resumes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def die_with_agent() -> None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.environ.get("LOCAL_RANK") is None and os.getppid() != int(expected):
+    # A torchrun worker's parent is torchrun, not the agent.
+    if os.environ.get("TORCHELASTIC_RUN_ID") is None and os.getppid() != int(expected):
         sys.exit("the host agent that started this job is gone")
 
 
@@ -75,6 +78,21 @@ class Command(BaseCommand):
             return
         error = outcome.error or ""
         status = outcome.status
+        nodes = int(os.environ.get("NNODES", "1"))
+        if status == "failed" and nodes > 1:
+            # A dead node breaks the collective: every rank fails. Wait for its agent (or the
+            # sweep, when its host went silent) to say so before calling the run failed.
+            from django.conf import settings
+
+            lost = services.gang_peer_lost(
+                attempt=attempt,
+                node=int(os.environ.get("NODE_RANK", "0")),
+                wait_s=settings.HOST_OFFLINE_AFTER_S + 2 * settings.HOST_HEARTBEAT_S,
+            )
+            if lost:
+                self.stderr.write(f"rank 0 stops without reporting: {lost}\n{error}")
+                flush_soon()
+                sys.exit(3)
         if status != "failed" and outcome.error:
             # The loop finished but the database did not take everything it produced: the
             # run's record is incomplete, which must not pass for a success.
