@@ -33,6 +33,12 @@ logger = logging.getLogger(__name__)
 MESSAGE_TYPE = "broadcast.event"
 SESSION_ENDED_TYPE = "session.ended"
 STATUS_GROUP = "status"
+# The scheduler's pages (console/scheduling/consumers.py). Fleet-wide, so only doorbells go
+# there (no payload reaches a browser): every run's state change (`runs.services.notify`),
+# host changes (cordon, drain, pool), and preemption requests filed or decided.
+FLEET_RUNS_GROUP = "fleet.runs"
+FLEET_HOSTS_GROUP = "fleet.hosts"
+FLEET_INBOX_GROUP = "fleet.inbox"
 # Close codes: 4401 like HTTP 401 (no session, or it ended); 1003 and 1007 are the websocket
 # protocol's own "unsupported data" (a binary frame) and "invalid payload" (not JSON).
 CLOSE_UNAUTHENTICATED = 4401

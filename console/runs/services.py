@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from console.accounts.models import Team
 from console.audit.services import audit_record
-from console.broadcast import broadcast_on_commit, team_group
+from console.broadcast import FLEET_RUNS_GROUP, broadcast_on_commit, team_group
 from console.registry.models import Domain, TaskSplit, VersionStatus
 from console.registry.services import snapshot
 from console.runs.launch import (
@@ -66,6 +66,8 @@ def notify(
     payload = {"run": run.pk, **payload}
     if to_lists:
         broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload, wait=wait)
+        # The scheduler's fleet-wide pages (queue for admins, fleet): a doorbell, no payload.
+        broadcast_on_commit(FLEET_RUNS_GROUP, event, {}, wait=wait, doorbell=True)
     # The run's page only rings its reader (`RunLiveConsumer` reads what is newer): doorbells.
     broadcast_on_commit(run_group(run.pk), event, payload, wait=wait, doorbell=True)
 

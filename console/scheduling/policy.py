@@ -141,6 +141,7 @@ class Decisions:
 
 _INF = float("inf")
 PREEMPTION_SEARCHES = 4  # per lane (pool and resource) and pass
+AHEAD_IN_ESTIMATE = 64  # queued jobs a victim's resume estimate plays out before it
 
 
 class _Index:
@@ -700,6 +701,66 @@ class _Pass:
         )
         return True
 
+    def order_key(self, job: JobView) -> tuple[int, int, float, int]:
+        cls = self.classes.get(job.class_name)
+        return (-(cls.value if cls else 0), -job.priority, job.queued_at, job.run_id)
+
+    def waiting_in(self, lane: _Lane, *, exclude: int) -> list[JobView]:
+        """The queued jobs that will start in this lane (they name its pool), not placed and
+        not holding capacity for a preemption of their own (that capacity is already held)."""
+        placed = {p.run_id for p in self.decisions.placements}
+        # a job for any pool counts where it has no other pool to go to
+        only = sum(1 for _, gpu in self.lanes if gpu == lane.gpu) == 1
+        return [
+            j
+            for j in self.queued
+            if (j.pool == lane.pool or (j.pool is None and only))
+            and (j.gpus > 0) == lane.gpu
+            and j.run_id not in placed
+            and j.run_id != exclude
+            and not j.preemption_requested
+            and not any(p.requester_run_id == j.run_id for p in self.decisions.preemptions)
+        ]
+
+    def expected_start(
+        self,
+        lane: _Lane,
+        victim: JobView,
+        waiting: list[JobView],
+        free: dict[str, int],
+        releases: list[tuple[float, str, int, int]],
+    ) -> float | None:
+        """Seconds until a victim back in the queue is expected to start again: the jobs that
+        wait ahead of it in this lane (by class, priority and age, as it goes back at its old
+        place; at most AHEAD_IN_ESTIMATE of them) start in order as running jobs end, each
+        taking its hosts until its est_remaining_s is over, and then the victim. In order, no
+        backfill: an estimate that errs late rather than early. None: it never fits, or the
+        jobs ahead never all fit."""
+        key = self.order_key(victim)
+        ahead = sorted((j for j in waiting if self.order_key(j) < key), key=self.order_key)
+        ahead = [j for j in ahead[:AHEAD_IN_ESTIMATE] if lane.fits_ever(_units(j), j.hosts)]
+        free = dict(free)
+        pending = list(releases)  # sorted by end: a valid heap
+        t = self.now
+        for job in [*ahead, victim]:
+            need, n = _units(job), job.hosts if job is not victim else len(victim.running_on)
+            fitting = {h for h, u in free.items() if u >= need}
+            while len(fitting) < n:
+                if not pending:
+                    return None  # capacity held for other requesters: no honest estimate
+                end, h, units, _ = heapq.heappop(pending)
+                t = max(t, end)
+                free[h] += units
+                if free[h] >= need:
+                    fitting.add(h)
+            if job is victim:
+                return t - self.now
+            hosts = sorted(fitting, key=lambda h: (free[h], h))[:n]  # best fit, as placed
+            for h in hosts:
+                free[h] -= need
+                heapq.heappush(pending, (t + max(0.0, job.est_remaining_s), h, need, job.run_id))
+        return None
+
     def borrower(self, team: str, pool: str) -> bool:
         return self.usage.get((team, pool), 0) > self.quota.get((team, pool), 0)
 
@@ -728,10 +789,11 @@ class _Pass:
         releases.sort()  # once for every victim's estimate
         impacts = []
         auto = True
+        ahead = self.waiting_in(lane, exclude=job.run_id) + victims
         for v in sorted(victims, key=lambda v: v.run_id):
             vcls = self.classes[v.class_name]
             auto = auto and _auto_approves(vcls, v)
-            found = lane.earliest(_units(v), len(v.running_on), self.now, free, releases)
+            resume = self.expected_start(lane, v, ahead, free, releases)
             age = (
                 v.last_checkpoint_age_s if v.last_checkpoint_age_s is not None else v.running_for_s
             )
@@ -742,7 +804,7 @@ class _Pass:
                     steps_lost=v.steps_since_checkpoint,
                     next_checkpoint_in_s=v.next_checkpoint_in_s,
                     rollouts_in_flight=v.rollouts_in_flight,
-                    expected_resume_s=None if found is None else found[0] - self.now,
+                    expected_resume_s=resume,
                 )
             )
         names = ", ".join(str(v.run_id) for v in sorted(victims, key=lambda v: v.run_id))

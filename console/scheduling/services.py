@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from console.accounts.models import Team
 from console.audit.services import audit_record
+from console.broadcast import FLEET_HOSTS_GROUP, FLEET_INBOX_GROUP, broadcast_on_commit
 from console.runs import services as runs_services
 from console.runs.models import (
     LIVE_ATTEMPT_STATES,
@@ -454,7 +455,18 @@ def _file_request(
     )
     if plan.auto_approved:
         _approve(request, actor=None, auto=True)
+    _inbox_changed()
     return request
+
+
+def _inbox_changed() -> None:
+    """Rings the open inbox pages after commit (a doorbell: they re-read the inbox through
+    its view). Without waiting for Redis, as a pass must not slow down with open pages."""
+    broadcast_on_commit(FLEET_INBOX_GROUP, "inbox.changed", {}, wait=False, doorbell=True)
+
+
+def _hosts_changed() -> None:
+    broadcast_on_commit(FLEET_HOSTS_GROUP, "hosts.changed", {}, wait=False, doorbell=True)
 
 
 def _locked_request(request: PreemptionRequest) -> PreemptionRequest:
@@ -476,6 +488,7 @@ def _record_on_all(request: PreemptionRequest, kind: str, data: dict[str, Any]) 
             run, kind, {"request": request.pk, "step": run.last_step, **data}
         )
         runs_services.notify(run, "run.event", {"kind": kind}, to_lists=False)
+    _inbox_changed()
 
 
 def _audit_on_teams(
@@ -593,9 +606,13 @@ def _close_requests() -> None:
             request.state = PreemptionState.DONE
             request.done_at = timezone.now()
             request.save(update_fields=["state", "done_at"])
-    PreemptionRequest.objects.filter(state=PreemptionState.PENDING).exclude(
-        requester__state=RunState.QUEUED
-    ).update(state=PreemptionState.CANCELLED, decided_at=timezone.now())
+            _inbox_changed()
+    if (
+        PreemptionRequest.objects.filter(state=PreemptionState.PENDING)
+        .exclude(requester__state=RunState.QUEUED)
+        .update(state=PreemptionState.CANCELLED, decided_at=timezone.now())
+    ):
+        _inbox_changed()
 
 
 def _finish_drains() -> None:
@@ -605,6 +622,7 @@ def _finish_drains() -> None:
             host.state = HostState.CORDONED
             host.state_reason = "drained: nothing runs on it any more"
             host.save(update_fields=["state", "state_reason"])
+            _hosts_changed()
 
 
 # --- hosts ----------------------------------------------------------------------------------
@@ -640,6 +658,7 @@ def host_act(*, actor: Any, team: Team, host: Host, action: str, reason: str = "
             before=before,
             after={"state": host.state, "state_reason": host.state_reason},
         )
+        _hosts_changed()
         transaction.on_commit(request_pass)
     return host
 
@@ -658,6 +677,7 @@ def host_set_pool(*, actor: Any, team: Team, host: Host, pool: ResourcePool) -> 
             before=before,
             after={"pool": pool.name},
         )
+        _hosts_changed()
         transaction.on_commit(request_pass)
     return host
 

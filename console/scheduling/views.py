@@ -3,12 +3,15 @@ priority classes, pools and quotas, and the preemption inbox.
 
 Who may do what: the fleet is shared by every team, so its writes, the classes and quotas
 and the preemption inbox are for admins (of the active team); members see their own team's
-queue and the fleet with other teams' runs unnamed. The queue and the inbox refresh their
-part by htmx polling (`#queue`, `#inbox`).
+queue and the fleet with other teams' runs unnamed. The queue, the fleet and the inbox are
+live: their websockets (`console.scheduling.consumers`) ring after each commit that changes
+them, and the page re-reads its part (`#queue`, `#hosts`, `#inbox`) through these views, so
+what a socket makes a page show is exactly what the view lets that user see.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
@@ -38,6 +41,24 @@ def _partial(request: HttpRequest, template: str, part: str) -> str:
 def _form_errors(form: Any, error: ValidationError) -> None:
     for field, problems in error.message_dict.items():
         form.add_error(field if field in form.fields else None, problems)
+
+
+def _saved(
+    request: HttpRequest, form: Any, save: Callable[[], Any], done: Callable[[Any], str], to: str
+) -> HttpResponse | None:
+    """The writes' one pattern: when `form` is valid, `save()` (a service call); once it saved,
+    `done(result)` as a success message and a redirect to `to`. None when the form or the
+    service refused: the form then carries the service's errors (on their fields, else on the
+    form) and the caller shows it again with 422, so nothing typed is lost."""
+    if not form.is_valid():
+        return None
+    try:
+        result = save()
+    except ValidationError as error:
+        _form_errors(form, error)
+        return None
+    messages.success(request, done(result))
+    return redirect(to)
 
 
 # --- queue and fleet ------------------------------------------------------------------------
@@ -152,17 +173,14 @@ def classes(request: HttpRequest) -> HttpResponse:
 def class_create(request: HttpRequest) -> HttpResponse:
     membership = _admin(request)
     form = forms.PriorityClassForm(request.POST)
-    if form.is_valid():
-        try:
-            cls = services.class_save(
-                actor=request.user, team=membership.team, values=form.values()
-            )
-        except ValidationError as error:
-            _form_errors(form, error)
-        else:
-            messages.success(request, f"Class {cls.name} created.")
-            return redirect("scheduling:classes")
-    return _classes_page(request, class_form=form, status=422)
+    saved = _saved(
+        request,
+        form,
+        lambda: services.class_save(actor=request.user, team=membership.team, values=form.values()),
+        lambda cls: f"Class {cls.name} created.",
+        "scheduling:classes",
+    )
+    return saved or _classes_page(request, class_form=form, status=422)
 
 
 def _class(pk: int) -> PriorityClass:
@@ -181,16 +199,17 @@ def class_edit(request: HttpRequest, pk: int) -> HttpResponse:
     form = forms.PriorityClassForm(request.POST or None, initial=initial)
     status = 200
     if request.method == "POST":
-        if form.is_valid():
-            try:
-                services.class_save(
-                    actor=request.user, team=membership.team, values=form.values(), instance=cls
-                )
-            except ValidationError as error:
-                _form_errors(form, error)
-            else:
-                messages.success(request, f"Class {cls.name} saved.")
-                return redirect("scheduling:classes")
+        saved = _saved(
+            request,
+            form,
+            lambda: services.class_save(
+                actor=request.user, team=membership.team, values=form.values(), instance=cls
+            ),
+            lambda _: f"Class {cls.name} saved.",
+            "scheduling:classes",
+        )
+        if saved is not None:
+            return saved
         status = 422
     return render(request, "scheduling/class_edit.html", {"form": form, "cls": cls}, status=status)
 
@@ -214,20 +233,19 @@ def class_delete(request: HttpRequest, pk: int) -> HttpResponse:
 def pool_create(request: HttpRequest) -> HttpResponse:
     membership = _admin(request)
     form = forms.PoolForm(request.POST)
-    if form.is_valid():
-        try:
-            pool = services.pool_create(
-                actor=request.user,
-                team=membership.team,
-                name=form.cleaned_data["name"],
-                description=form.cleaned_data["description"],
-            )
-        except ValidationError as error:
-            _form_errors(form, error)
-        else:
-            messages.success(request, f"Pool {pool.name} created.")
-            return redirect("scheduling:classes")
-    return _classes_page(request, pool_form=form, status=422)
+    saved = _saved(
+        request,
+        form,
+        lambda: services.pool_create(
+            actor=request.user,
+            team=membership.team,
+            name=form.cleaned_data["name"],
+            description=form.cleaned_data["description"],
+        ),
+        lambda pool: f"Pool {pool.name} created.",
+        "scheduling:classes",
+    )
+    return saved or _classes_page(request, pool_form=form, status=422)
 
 
 @login_required
@@ -235,23 +253,27 @@ def pool_create(request: HttpRequest) -> HttpResponse:
 def quota_set(request: HttpRequest) -> HttpResponse:
     membership = _admin(request)
     form = _quota_form(request.POST)
-    if form.is_valid():
+
+    def save() -> tuple[Team, ResourcePool]:
         team = Team.objects.get(slug=form.cleaned_data["team"])
         pool = ResourcePool.objects.get(name=form.cleaned_data["pool"])
-        try:
-            services.quota_set(
-                actor=request.user,
-                team=membership.team,
-                quota_team=team,
-                pool=pool,
-                gpus=form.cleaned_data["gpus"],
-            )
-        except ValidationError as error:
-            _form_errors(form, error)
-        else:
-            messages.success(request, f"Quota of {team.name} in {pool.name} saved.")
-            return redirect("scheduling:classes")
-    return _classes_page(request, quota_form=form, status=422)
+        services.quota_set(
+            actor=request.user,
+            team=membership.team,
+            quota_team=team,
+            pool=pool,
+            gpus=form.cleaned_data["gpus"],
+        )
+        return team, pool
+
+    saved = _saved(
+        request,
+        form,
+        save,
+        lambda saved: f"Quota of {saved[0].name} in {saved[1].name} saved.",
+        "scheduling:classes",
+    )
+    return saved or _classes_page(request, quota_form=form, status=422)
 
 
 # --- the preemption inbox -------------------------------------------------------------------
@@ -293,16 +315,17 @@ def preemption_reject(request: HttpRequest, pk: int) -> HttpResponse:
     _admin(request)
     preemption = _preemption(pk)
     form = forms.RejectForm(request.POST)
-    if form.is_valid():
-        try:
-            services.preemption_reject(
-                actor=request.user, request=preemption, reason=form.cleaned_data["reason"]
-            )
-        except ValidationError as error:
-            _form_errors(form, error)
-        else:
-            messages.success(request, f"Request #{pk} rejected; the victims keep running.")
-            return redirect("scheduling:inbox")
+    saved = _saved(
+        request,
+        form,
+        lambda: services.preemption_reject(
+            actor=request.user, request=preemption, reason=form.cleaned_data["reason"]
+        ),
+        lambda _: f"Request #{pk} rejected; the victims keep running.",
+        "scheduling:inbox",
+    )
+    if saved is not None:
+        return saved
     pending, decided = selectors.preemption_inbox()
     context = {
         "pending": pending,

@@ -249,6 +249,22 @@ def test_preemption_picks_the_cheapest_victim_and_previews_its_impact():
     assert not plan.auto_approved
 
 
+def test_a_victims_expected_resume_counts_the_jobs_queued_ahead_of_it():
+    fleet = fleet_using(("h1", 8), ("h2", 8))
+    jobs = [
+        running(2, {"h1": 8}, est_remaining_s=9000.0),  # the victim, queued at 2 before
+        running(9, {"h2": 8}, class_name="pinned", est_remaining_s=5000.0),  # never a victim
+        job(3, class_name="prod", est_remaining_s=1800.0),  # the requester
+        job(1, queued_at=0.5, est_remaining_s=3000.0),  # older than the victim: ahead of it
+        job(5, queued_at=50.0, est_remaining_s=100.0),  # newer: behind it
+    ]
+    [plan] = run(fleet, jobs).preemptions
+    [impact] = plan.victims
+    # h1 frees when the requester ends (1800 s), job 1 runs there until 4800 s, then the
+    # victim: before h2 frees at 5000 s
+    assert impact.run_id == 2 and impact.expected_resume_s == 4800.0
+
+
 def test_preemption_prefers_borrowers_and_fewer_victims():
     quotas = [Quota("a", "h200", 8), Quota("b", "h200", 0)]
     fleet = fleet_using(("h1", 8), ("h2", 8))

@@ -1,7 +1,8 @@
-"""An admin works the preemption inbox with the keyboard in a real browser: j/k move between
-pending requests, a approves the selected one, r puts the cursor in its reason box (Enter
-rejects). The requests are real: a full fleet and higher-class runs, through the scheduler
-service (no workers needed for what the page shows)."""
+"""An admin works the preemption inbox with the keyboard in a real browser: a request filed
+while the page is open appears without a reload (its websocket rings, the page re-reads its
+part); j/k move between pending requests, a approves the selected one, r puts the cursor in
+its reason box (Enter rejects). The requests are real: a full fleet and higher-class runs,
+through the scheduler service (no workers needed for what the page shows)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,18 @@ def test_an_admin_approves_and_rejects_from_the_keyboard(
     PriorityClass.objects.create(name="urgent", value=1000, can_preempt=True, preemptible=False)
     for i in range(2):
         _launch(people, f"urgent-{i}", priority_class="urgent")
-    services.schedule_pass()
     services.schedule_pass()  # the policy plans one preemption per team and pool per pass
-    first, second = PreemptionRequest.objects.order_by("created_at", "id")
-    assert first.state == second.state == "pending"
+    (first,) = PreemptionRequest.objects.all()
 
     login(page, people.teammate_admin)
     page.goto("/scheduling/preemptions/")
-    page.locator(f"#preemption-{second.pk}").wait_for()
+    page.locator(f"#preemption-{first.pk}").wait_for()
+    page.wait_for_function("window.schedulingLiveOpen === true")
+    services.schedule_pass()  # files the second request while the page is open
+    second = PreemptionRequest.objects.exclude(pk=first.pk).get()
+    assert first.state == second.state == "pending"
+    page.locator(f"#preemption-{second.pk}").wait_for()  # no reload
+    assert page.evaluate("window.schedulingLiveSeq") >= 1
     screenshot(page, "page-preemption-inbox")
     page.keyboard.press("j")  # the second request
     page.keyboard.press("a")

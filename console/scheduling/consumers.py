@@ -1,0 +1,123 @@
+"""The scheduler's pages, live: `/ws/scheduling/queue/`, `/ws/scheduling/fleet/` and
+`/ws/scheduling/inbox/`.
+
+Each socket is a doorbell. It joins the groups whose notices change its page and, after a
+burst of them, sends ``{"type": "changed", "seq": n}``; the page then re-reads its part
+through the same view a reload uses (`#queue`, `#hosts`, `#inbox`). So nothing a socket
+carries was rendered for anyone else, and what a page shows after a ring is exactly what the
+view lets this user see (team scoping, other teams' runs unnamed on the fleet, CSRF tokens in
+the inbox's forms). Notices are sent after commit (`console.broadcast.broadcast_on_commit`).
+
+Who may open which: like the pages. The queue and the fleet are for members of a team
+(annotators too); the inbox for admins (4403 for other roles). Anonymous: 4401; a user with
+no team: 4404. The origin is checked for every socket in console.asgi. A member's queue
+listens to their team's run notices only; an admin's (every team's runs) and the fleet (every
+host) listen to the fleet-wide `fleet.runs` group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from channels.db import database_sync_to_async
+
+from console.accounts.access import SESSION_TEAM_KEY
+from console.accounts.models import Membership, Role
+from console.broadcast import (
+    CLOSE_UNAUTHENTICATED,
+    FLEET_HOSTS_GROUP,
+    FLEET_INBOX_GROUP,
+    FLEET_RUNS_GROUP,
+    SessionBoundConsumer,
+    team_group,
+)
+from console.runs.services import RUNS_TOPIC
+
+# A pass changes many runs at once: notices within this gap make one ring (one re-read per
+# open page, not one per run).
+RING_GAP_S = 0.25
+
+
+def _active_membership(user: Any, chosen: Any) -> Membership | None:
+    """`console.accounts.access.active_membership` for a socket's scope (no request)."""
+    memberships = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
+    found = list(memberships)
+    for membership in found:
+        if membership.team_id == chosen:
+            return membership
+    return found[0] if found else None
+
+
+class _SchedulingPage(SessionBoundConsumer):
+    min_role: str = Role.ANNOTATOR
+
+    groups_joined: list[str]
+    seq = 0
+    ringer: asyncio.Task[None] | None = None
+
+    def groups_for(self, membership: Membership) -> list[str]:
+        raise NotImplementedError
+
+    async def connect(self) -> None:
+        self.groups_joined = []
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        session = self.scope.get("session")
+        chosen = session.get(SESSION_TEAM_KEY) if session is not None else None
+        membership = await database_sync_to_async(_active_membership)(user, chosen)
+        if membership is None:
+            await self.close(code=4404)
+            return
+        if not membership.has_role(self.min_role):
+            await self.close(code=4403)
+            return
+        await self.join_session_group()
+        for group in self.groups_for(membership):
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.ringer is not None and not self.ringer.done():
+            self.ringer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.ringer
+        await self.leave_session_group()
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.groups_joined = []
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        return  # the page sends nothing
+
+    async def broadcast_event(self, message: dict[str, Any]) -> None:
+        if self.ringer is None or self.ringer.done():
+            self.ringer = asyncio.create_task(self._ring())
+
+    async def _ring(self) -> None:
+        await asyncio.sleep(RING_GAP_S)
+        self.seq += 1
+        await self.send_json({"type": "changed", "seq": self.seq})
+
+
+class QueueConsumer(_SchedulingPage):
+    def groups_for(self, membership: Membership) -> list[str]:
+        if membership.has_role(Role.ADMIN):
+            return [FLEET_RUNS_GROUP]  # admins see every team's queue
+        return [team_group(membership.team_id, RUNS_TOPIC)]
+
+
+class FleetConsumer(_SchedulingPage):
+    def groups_for(self, membership: Membership) -> list[str]:
+        return [FLEET_RUNS_GROUP, FLEET_HOSTS_GROUP]
+
+
+class InboxConsumer(_SchedulingPage):
+    min_role = Role.ADMIN
+
+    def groups_for(self, membership: Membership) -> list[str]:
+        return [FLEET_INBOX_GROUP]
