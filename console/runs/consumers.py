@@ -35,6 +35,10 @@ from console.runs.models import Run
 from console.status.metrics import websocket_clients
 
 RESUME_WAIT_S = 5.0
+# A read that found events committed behind a transaction still open (`live` ``held_back``)
+# reads again after this long, even when no doorbell rings (that transaction may be another
+# run's, or no writer's at all).
+HELD_BACK_RETRY_S = 0.05
 
 
 @dataclass
@@ -98,6 +102,7 @@ class RunLiveConsumer(TeamGroupConsumer):
     last_facts: tuple[Any, ...] | None = None
     reader: asyncio.Task[None] | None = None
     waiting_for_resume: asyncio.Task[None] | None = None
+    retry: asyncio.TimerHandle | None = None
 
     async def team_id_for(self, **url_kwargs: Any) -> int | None:
         self.run_id = int(url_kwargs["pk"])
@@ -123,6 +128,9 @@ class RunLiveConsumer(TeamGroupConsumer):
         if getattr(self, "counted", False):
             self.counted = False
             websocket_clients["runs"] -= 1
+        if self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
         for task in (self.reader, self.waiting_for_resume):
             if task is not None and not task.done():
                 task.cancel()
@@ -136,6 +144,7 @@ class RunLiveConsumer(TeamGroupConsumer):
         self.seq += 1
         self.cursors = message["cursors"]
         self.last_facts = self._facts(message)
+        self._retry_if_held_back(message)
         if text is None:
             await self.send_json({**message, "seq": self.seq})
         else:
@@ -189,6 +198,16 @@ class RunLiveConsumer(TeamGroupConsumer):
                 await self._send(message, text)
             else:
                 self.cursors = message["cursors"]
+                self._retry_if_held_back(message)
+
+    def _retry_if_held_back(self, message: dict[str, Any]) -> None:
+        if message.get("held_back") and self.retry is None:
+
+            def again() -> None:
+                self.retry = None
+                self._ring()
+
+            self.retry = asyncio.get_running_loop().call_later(HELD_BACK_RETRY_S, again)
 
     def _news(self, message: dict[str, Any]) -> bool:
         """Whether a delta holds anything (a doorbell for rows this client already has

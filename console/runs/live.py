@@ -7,7 +7,14 @@ is shown is always read here, from PostgreSQL, newer than the connection's curso
   keys it holds at that step. Metrics of one step merge into one row (the loop writes a step's
   training metrics, then its held-out evaluation into the same step), so the newest step is
   read again and only the keys the client lacks there are sent.
-- ``event_id``: the newest event id.
+- ``event_xid``: events are sent by writing transaction, not by id. Ids are drawn before
+  commit, so with two writers (a job's sink and an operator's edit, or two benches) a smaller
+  id can commit after a bigger one was sent; a cursor of ids would skip it for good. Each read
+  takes its snapshot's ``xmin`` (every transaction older than it has committed or rolled back)
+  and sends the events written by transactions in ``[cursor, xmin)``; ``xmin`` is the next
+  cursor. An event committed by a transaction at or after ``xmin`` (another one older than it
+  was still open) waits for the next read: the message then says ``held_back`` and the
+  consumer reads again shortly.
 - ``trajectory``: the newest ``[step, index]`` of a trajectory.
 
 Every read runs in one REPEATABLE READ transaction, so the rows sent and the cursors returned
@@ -155,6 +162,23 @@ def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, l
         return series
 
 
+def _snapshot_xmin() -> int:
+    """The oldest transaction still open when this transaction's snapshot was taken (call
+    first in the transaction: under REPEATABLE READ the first statement fixes the snapshot)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+        return int(cursor.fetchone()[0])
+
+
+def _shown_events(run_id: int) -> Any:
+    return RunEvent.objects.filter(run_id=run_id).exclude(kind__in=PER_STEP_EVENT_KINDS)
+
+
+def _held_back(run_id: int, xmin: int) -> bool:
+    """Whether committed events wait for an older transaction to end (see ``event_xid``)."""
+    return _shown_events(run_id).filter(xid__gte=xmin).exists()
+
+
 def _metric_cursor(run_id: int) -> tuple[int, list[str]]:
     row = MetricRow.objects.filter(run_id=run_id).order_by("-step").first()
     if row is None:
@@ -168,20 +192,17 @@ def snapshot(run_id: int) -> dict[str, Any]:
     """Everything the page draws, and the cursors a later delta continues from."""
     with transaction.atomic():
         _repeatable_read()
+        xmin = _snapshot_xmin()
         run = Run.objects.get(pk=run_id)
         series = downsampled_series(run_id)
         metric_step, metric_keys = _metric_cursor(run_id)
-        events = list(
-            RunEvent.objects.filter(run_id=run_id)
-            .exclude(kind__in=PER_STEP_EVENT_KINDS)
-            .order_by("-id")[:SNAPSHOT_EVENTS]
-        )
-        events.reverse()
+        events = list(_shown_events(run_id).filter(xid__lt=xmin).order_by("-id")[:SNAPSHOT_EVENTS])
+        events.sort(key=lambda e: e.pk)
         newest = list(_trajectory_rows(run_id).order_by("-step", "-index")[:SNAPSHOT_TRAJECTORIES])
         cursors: Cursors = {
             "metric_step": metric_step,
             "metric_keys": metric_keys,
-            "event_id": events[-1].pk if events else 0,
+            "event_xid": xmin,
             "trajectory": [newest[0].step, newest[0].index] if newest else [-1, -1],
         }
         return {
@@ -191,6 +212,7 @@ def snapshot(run_id: int) -> dict[str, Any]:
             "events": [_event(e) for e in events],
             "trajectories": _trajectories(newest),  # newest first
             "cursors": cursors,
+            "held_back": _held_back(run_id, xmin),
         }
 
 
@@ -201,11 +223,11 @@ def clean_cursors(value: Any) -> Cursors | None:
     try:
         metric_step = value["metric_step"]
         metric_keys = value.get("metric_keys", [])
-        event_id = value["event_id"]
+        event_xid = value["event_xid"]
         trajectory = value["trajectory"]
     except KeyError:
         return None
-    ints = (metric_step, event_id, *trajectory) if isinstance(trajectory, list) else ()
+    ints = (metric_step, event_xid, *trajectory) if isinstance(trajectory, list) else ()
     if len(ints) != 4 or not all(isinstance(i, int) and not isinstance(i, bool) for i in ints):
         return None
     if not isinstance(metric_keys, list) or not all(isinstance(k, str) for k in metric_keys):
@@ -215,7 +237,7 @@ def clean_cursors(value: Any) -> Cursors | None:
     return {
         "metric_step": metric_step,
         "metric_keys": sorted(set(metric_keys)),
-        "event_id": event_id,
+        "event_xid": event_xid,
         "trajectory": list(trajectory),
     }
 
@@ -229,12 +251,15 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
     snapshot instead."""
     with transaction.atomic():
         _repeatable_read()
+        xmin = _snapshot_xmin()
         run = Run.objects.get(pk=run_id)
         cursors = dict(since)
+        # Every event of the transactions that ended between the last read and this one, in
+        # the order they were written within a transaction (id), transaction by transaction.
         events = list(
-            RunEvent.objects.filter(run_id=run_id, id__gt=since["event_id"])
-            .exclude(kind__in=PER_STEP_EVENT_KINDS)
-            .order_by("id")
+            _shown_events(run_id)
+            .filter(xid__gte=since["event_xid"], xid__lt=xmin)
+            .order_by("xid", "id")
         )
         restarts = [e.step for e in events if e.kind == "run.started" and e.step is not None]
         truncate_after: int | None = min(restarts) if restarts else None
@@ -281,8 +306,8 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
         new_trajectories = list(newer.order_by("-step", "-index")[:DELTA_TRAJECTORIES])
         if new_trajectories:
             cursors["trajectory"] = [new_trajectories[0].step, new_trajectories[0].index]
-        if events:
-            cursors["event_id"] = events[-1].pk
+        # Never backwards: a client's cursor from another server's clock is taken as it is.
+        cursors["event_xid"] = max(xmin, since["event_xid"])
         message: dict[str, Any] = {
             "type": "delta",
             **_run_facts(run),
@@ -290,6 +315,7 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
             "events": [_event(e) for e in events],
             "trajectories": _trajectories(new_trajectories),  # newest first
             "cursors": cursors,
+            "held_back": _held_back(run_id, cursors["event_xid"]),
         }
         if truncate_after is not None:
             message["truncate_after"] = truncate_after

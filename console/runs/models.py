@@ -403,6 +403,13 @@ class MetricRollup(models.Model):
 PER_STEP_EVENT_KINDS = ("step.timeline",)
 
 
+class CurrentXid(models.Func):
+    """The writing transaction's id (``pg_current_xact_id()``, 64 bits, never wraps)."""
+
+    template = "(pg_current_xact_id()::text::bigint)"
+    output_field = models.BigIntegerField()
+
+
 class RunEvent(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     attempt = models.ForeignKey(
@@ -412,10 +419,17 @@ class RunEvent(models.Model):
     step = models.PositiveIntegerField(null=True, blank=True)
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The transaction that wrote the row. Ids are drawn before commit, so with two writers a
+    # smaller id can commit after a bigger one was already shown: a live page that follows
+    # ids would skip it. It follows this instead (`console.runs.live`): every transaction
+    # older than the oldest one still open has committed or rolled back, so its rows are final.
+    xid = models.BigIntegerField(db_default=CurrentXid(), editable=False)
 
     class Meta:
         ordering = ["run", "id"]
         indexes = [
+            # A run's events by writing transaction (the live stream's cursor).
+            models.Index(fields=["run", "xid"], name="runevent_run_xid"),
             # The newest events of a run without its per-step ones (the page, the snapshot).
             models.Index(
                 "run",

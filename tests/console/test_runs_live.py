@@ -4,7 +4,10 @@ and the server-side downsampling."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
+from django.db import connections, transaction
 from django.test import Client
 
 from console.asgi import application
@@ -190,9 +194,12 @@ def test_the_snapshot_holds_the_series_events_and_newest_trajectories(
         "metric_step": 3,
         "metric_keys": ["actor/kl", "eval/reward/mean", "reward/mean"]
         + ["reward/parity/mean", "timing_s/step"],
-        "event_id": RunEvent.objects.filter(run_id=attempt.run_id).latest("id").pk,
+        "event_xid": snapshot["cursors"]["event_xid"],
         "trajectory": [3, 9],
     }
+    # Past every event written so far: a resume from here gets none of them again.
+    newest = RunEvent.objects.filter(run_id=attempt.run_id).order_by("-xid").first()
+    assert newest is not None and snapshot["cursors"]["event_xid"] > newest.xid
 
 
 def test_a_delta_follows_each_commit_of_the_sink(client_as: Any, attempt: Attempt) -> None:
@@ -321,6 +328,110 @@ def test_a_restarted_attempt_tells_the_page_to_drop_what_came_after_its_checkpoi
     assert got["restart"]["truncate_after"] == 1
     assert got["restart"]["cursors"]["metric_step"] == 1
     assert got["again"]["series"]["reward/mean"] == [[2, 0.2]]
+
+
+def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
+    client_as: Any, attempt: Attempt
+) -> None:
+    # Writer A draws its event's id first and commits last; writer B commits in between. A
+    # stream that followed ids would have shown B's event and skipped A's for good.
+    client = client_as(OWNER)
+    a_wrote, a_may_commit = threading.Event(), threading.Event()
+
+    def writer_a() -> None:
+        try:
+            with transaction.atomic():
+                ConsoleSink(attempt).event("test.a", {"reason": "first id, last commit"})
+                a_wrote.set()
+                assert a_may_commit.wait(10)
+            flush_soon()
+        finally:
+            connections.close_all()
+
+    async def scenario() -> list[dict[str, Any]]:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        messages = [await communicator.receive_json_from(timeout=10)]
+        a = asyncio.get_running_loop().run_in_executor(None, writer_a)
+        assert await asyncio.to_thread(a_wrote.wait, 10)
+        await write(ConsoleSink(attempt), "event", "test.b", {"reason": "second id"})
+        # B's event waits behind A's open transaction: nothing is sent yet.
+        assert await communicator.receive_nothing(timeout=0.5)
+        a_may_commit.set()
+        await a
+        messages.append(await communicator.receive_json_from(timeout=10))
+        assert await communicator.receive_nothing(timeout=0.3)
+        await communicator.disconnect()
+        return messages
+
+    snapshot, delta = async_to_sync(scenario)()
+    assert snapshot["events"] == []
+    assert [e["kind"] for e in delta["events"]] == ["test.a", "test.b"]
+    assert delta["events"][0]["id"] < delta["events"][1]["id"]
+
+
+def test_two_concurrent_writers_lose_and_repeat_no_event_across_a_reconnect(
+    client_as: Any, attempt: Attempt
+) -> None:
+    client = client_as(OWNER)
+    per_writer = 150
+    stop_reading = threading.Event()
+
+    def writer(name: str, seed: int) -> None:
+        rng = random.Random(seed)
+        sink = ConsoleSink(attempt)
+        written = 0
+        try:
+            while written < per_writer:
+                with transaction.atomic():
+                    for _ in range(min(rng.randint(1, 6), per_writer - written)):
+                        sink.event("test.tick", {"writer": name})
+                        written += 1
+                        time.sleep(rng.random() * 0.004)  # interleave the two transactions
+            flush_soon()
+        finally:
+            connections.close_all()
+
+    async def read(communicator: WebsocketCommunicator, got: list[dict[str, Any]]) -> None:
+        # (A receive that times out ends the consumer: poll for nothing first.)
+        while not stop_reading.is_set() or not await communicator.receive_nothing(0.2):
+            if not await communicator.receive_nothing(timeout=0.1):
+                got.append(await communicator.receive_json_from(timeout=10))
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        first: list[dict[str, Any]] = []
+        second: list[dict[str, Any]] = []
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        first.append(await communicator.receive_json_from(timeout=10))
+        loop = asyncio.get_running_loop()
+        writers = [loop.run_in_executor(None, writer, name, i) for i, name in enumerate("ab")]
+        reading = asyncio.create_task(read(communicator, first))
+        count = sync_to_async(RunEvent.objects.filter(run_id=attempt.run_id).count)
+        while await count() < per_writer // 2:
+            await asyncio.sleep(0.05)
+        stop_reading.set()
+        await reading
+        await communicator.disconnect()  # the socket dies while both still write
+        stop_reading.clear()
+        again = socket(client, attempt.run_id, "?resume=1")
+        assert (await again.connect(timeout=10))[0]
+        await again.send_json_to({"type": "resume", "since": first[-1]["cursors"]})
+        reading = asyncio.create_task(read(again, second))
+        await asyncio.gather(*writers)
+        await asyncio.sleep(1.0)  # the last doorbells and a held-back read's retry
+        stop_reading.set()
+        await reading
+        await again.disconnect()
+        return first, second
+
+    first, second = async_to_sync(scenario)()
+    assert second[0]["type"] == "delta"
+    shown = [e["id"] for m in first + second for e in m["events"]]
+    stored = RunEvent.objects.filter(run_id=attempt.run_id, kind="test.tick")
+    assert len(shown) == len(set(shown)), "an event was sent twice"
+    assert sorted(shown) == sorted(stored.values_list("id", flat=True))
+    assert len(shown) == 2 * per_writer
 
 
 @pytest.mark.parametrize("since", [{"metric_step": "x"}, [], {"event_id": 1}, None])
