@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_trl.py                       # parity, seeds 0-2, both sides
     .venv/bin/python bench/bench_trl.py --seeds 0 1 2 3 4 --steps 64
     .venv/bin/python bench/bench_trl.py --speed-only --size bench --engine vllm --steps 4
+    .venv/bin/python bench/bench_trl.py --speed-only --size bench --engine vllm --bf16 both
 
 TRL lives in its own environment (``bench/trl_env.sh`` makes ``var/trl-venv``; never in the
 project's dependencies) that shares the project's torch and transformers builds. Each side runs
@@ -78,6 +79,7 @@ def side_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     data = learning_run_dict(args.domain, seed=args.seed, steps=args.steps, model_dir=args.model)
     data["rollout"] = {"engine": args.engine}
+    data["autocast"] = "bf16" if args.bf16 in ("ours", "both") else "off"
     if args.speed_only:
         data["eval"] = {"tasks_per_domain": 0}
     sink = ListSink()
@@ -161,7 +163,8 @@ def side_trl(args: argparse.Namespace) -> dict[str, Any]:
         max_grad_norm=1.0,
         weight_decay=0.0,
         use_cpu=True,
-        bf16=False,
+        # accelerate's CPU mixed precision: torch.autocast(bf16) around forward, as ours.
+        bf16=args.bf16 == "both",
         report_to=[],
         logging_steps=1,
         save_strategy="no",
@@ -190,6 +193,7 @@ def run_side(side: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     command = [python, __file__, "--side", side, "--seed", str(seed), "--steps", str(args.steps)]
     command += ["--domain", args.domain, "--model", args.model, "--engine", args.engine]
     command += ["--speed-only"] if args.speed_only else []
+    command += ["--bf16", args.bf16]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
@@ -210,6 +214,12 @@ def main() -> int:
     parser.add_argument("--size", choices=["test", "bench"], default="test")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="our rollouts")
     parser.add_argument("--speed-only", action="store_true", help="no held-out evaluation")
+    parser.add_argument(
+        "--bf16",
+        choices=["none", "ours", "both"],
+        default="none",
+        help="bf16 autocast in the update: on neither side, ours only, or both (TRL's bf16=True)",
+    )
     args = parser.parse_args()
     if args.side is not None:
         result = side_ours(args) if args.side == "ours" else side_trl(args)
@@ -223,7 +233,7 @@ def main() -> int:
         args.model = str(ensure_demo_model(size="bench"))
     print(
         f"{args.domain}, {args.steps} steps, model {args.model} ({args.size}), "
-        f"our rollouts: {args.engine}; TRL: transformers generate"
+        f"our rollouts: {args.engine}; TRL: transformers generate; bf16 autocast: {args.bf16}"
     )
     print(
         f"{'seed':>4} {'side':<5} {'reward first8':>13} {'last8':>6} "

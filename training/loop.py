@@ -350,6 +350,7 @@ class _Run:
             micro_batch_tokens=spec.batch.micro_batch_tokens,
             ewc_penalty=ewc_penalty,
             value_head=spec.algorithm.needs_value_head,
+            autocast=spec.autocast,
         )
         self.rank, self.world = self.trainer.rank, self.trainer.world_size
         self.sink: Sink = sink if self.rank == 0 else NullSink()

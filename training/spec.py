@@ -39,7 +39,8 @@ Sections (all optional except ``base_model`` and ``domains``)::
                      "resume": "latest" | "none" | "<path>"},
       "ewc": {"strength": 0.0, "fisher_path": null, "anchor_path": null},
       "output_dir": "var/runs/arith-grpo",
-      "cpu_threads": 0                      # torch CPU threads (0: torch's default)
+      "cpu_threads": 0,                     # torch CPU threads (0: torch's default)
+      "autocast": "off"                     # "bf16": trainer passes under torch.autocast
     }
 
 Task sources: ``{"kind": "demo", "domain": "arithmetic", "n": 256, "seed": 0, "split":
@@ -261,6 +262,11 @@ class RunSpec(SpecModel):
     # torch's CPU threads for the run (0: torch's default, every core). A job sharing a CPU
     # host with others should take its share, or OpenMP threads spin against each other.
     cpu_threads: int = Field(default=0, ge=0)
+    # The trainer's forward and backward passes under torch.autocast at this dtype ("bf16"),
+    # weights and optimiser state staying fp32 ("off": all fp32). On a CPU with AMX or
+    # AVX512-BF16 the bench model's forward+backward takes about half the time; the update is
+    # then no longer the fp32 one (bench/README.md, "The peer").
+    autocast: Literal["off", "bf16"] = "off"
 
     # ---------------------------------------------------------------- derived views
 

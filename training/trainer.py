@@ -252,8 +252,10 @@ class Trainer:
         micro_batch_tokens: int = 4096,
         ewc_penalty: Any = None,
         value_head: bool = False,
+        autocast: str = "off",
     ) -> None:
         self.rank, self.world_size = init_distributed()
+        self.autocast_dtype = {"off": None, "bf16": torch.bfloat16}[autocast]
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -337,13 +339,19 @@ class Trainer:
         self, model: torch.nn.Module, batch: MicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[rows, response, vocab]`` at the positions that score each response token,
-        and the value head's outputs at the same positions (``None`` without a head)."""
-        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        logits = output.logits
+        and the value head's outputs at the same positions (``None`` without a head).
+
+        Under ``autocast`` the matrix products run in bf16; the logits come back as fp32, so
+        log-probabilities, entropy and the loss are computed as without it."""
+        dtype = self.autocast_dtype
+        device = batch.input_ids.device.type
+        with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        logits = output.logits.float()
         index = batch.response_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
         values = getattr(output, "values", None)
         if values is not None and not callable(values):
-            values = values[:, :-1].gather(1, batch.response_positions)
+            values = values[:, :-1].gather(1, batch.response_positions).float()
         else:
             values = None
         return logits[:, :-1].gather(1, index), values

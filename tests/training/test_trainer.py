@@ -25,13 +25,14 @@ def parameters(trainer):
     return {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}
 
 
-def make_trainer(model_dir, stage=1, budget=4096, lr=1e-2):
+def make_trainer(model_dir, stage=1, budget=4096, lr=1e-2, autocast="off"):
     return Trainer(
         model_dir,
         {"zero_optimization": {"stage": stage}, "gradient_clipping": 1.0},
         lr,
         reference=True,
         micro_batch_tokens=budget,
+        autocast=autocast,
     )
 
 
@@ -48,6 +49,26 @@ def test_a_small_step_raises_the_advantage_weighted_logprob(tiny_model_dir):
     assert metrics["actor/grad_norm"] > 0
     assert metrics["actor/lr"] == pytest.approx(1e-4)
     assert {"actor/pg_loss", "actor/entropy", "actor/pg_clipfrac"} <= set(metrics)
+
+
+def test_bf16_autocast_scores_near_fp32_keeps_fp32_weights_and_still_moves_the_policy(
+    tiny_model_dir,
+):
+    exact = make_trainer(tiny_model_dir, lr=1e-4)
+    mixed = make_trainer(tiny_model_dir, lr=1e-4, autocast="bf16")
+    rows = rows_for(exact.tokenizer)
+    reference = exact.logprobs(rows)
+    scored = mixed.logprobs(rows)
+    # bf16 keeps 8 bits of mantissa: log-probabilities agree to a few hundredths, not bits.
+    for a, b in zip(reference, scored, strict=True):
+        assert b == pytest.approx(a, abs=0.1)
+
+    def objective(logprobs):
+        return sum(row.advantages[0] * sum(lp) for row, lp in zip(rows, logprobs, strict=True))
+
+    mixed.train_step(rows, AlgorithmConfig.preset("grpo"))
+    assert objective(mixed.logprobs(rows)) > objective(scored)
+    assert {p.dtype for p in mixed.module.parameters()} == {torch.float32}
 
 
 @pytest.mark.parametrize("preset", ["dapo", "grpo", "dr_grpo"])  # token-, seq-, constant-norm
