@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot
+from sandboxes.workspace import sandboxes_root
 
 COMMAND = ["python3", "-c", "pass"]
 BARE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -194,7 +195,7 @@ def throughput(runs: int, concurrency: int) -> None:
     bare_cpu = (bare_cpu + bare_again_cpu) / 2
     bare_failures += bare_again_failures
     prefix = f"sb-{os.getpid()}-"
-    root = Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))
+    root = sandboxes_root()
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]
 
     def per_run(cpu: float) -> str:
