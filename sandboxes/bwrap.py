@@ -315,21 +315,34 @@ def _make_preexec(
     return preexec
 
 
+#: The whole environment of the launch chain and of bwrap itself. The sandbox's variables
+#: reach only the sandbox (bwrap ``--clearenv --setenv``): the launch shell runs as root, and a
+#: spec's ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` must never load anything into it (nor into
+#: bwrap, on the host).
+LAUNCH_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
 def spawn_bwrap(
     args: list[str],
+    env: Mapping[str, str],
     procs_paths: list[bytes],
     rlimits: list[tuple[int, int]],
     uid: int | None,
     gid: int | None,
     **popen: object,
 ) -> subprocess.Popen[bytes]:
-    """Starts ``args`` (bwrap's argv) in the run's cgroups with the limits and ids (see
-    ``launcher``); a ``preexec_fn`` only where the launcher cannot be used."""
+    """Starts ``args`` (bwrap's argv, ending in ``-- command...``) in the run's cgroups with
+    the limits and ids (see ``launcher``), the command with exactly ``env``; a ``preexec_fn``
+    only where the launcher cannot be used."""
+    separator = args.index("--")
+    setenv = [item for name, value in env.items() for item in ("--setenv", name, value)]
+    args = [*args[:separator], "--clearenv", *setenv, *args[separator:]]
     prefix = launcher(procs_paths, rlimits, uid, gid)
     if prefix is not None:
-        return subprocess.Popen([*prefix, *args], **popen)  # type: ignore[call-overload, no-any-return]
+        return subprocess.Popen([*prefix, *args], env=LAUNCH_ENV, **popen)  # type: ignore[call-overload, no-any-return]
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
         args,
+        env=LAUNCH_ENV,
         preexec_fn=_make_preexec(procs_paths, rlimits, uid, gid),  # noqa: PLW1509
         **popen,
     )
@@ -712,6 +725,7 @@ class BwrapDriver:
         try:
             proc = spawn_bwrap(
                 args,
+                self.environment(),
                 mark.procs_paths,
                 self._rlimits(),
                 self.uid,
@@ -719,7 +733,6 @@ class BwrapDriver:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                env=self.environment(),
                 pass_fds=tuple(passed),
             )
         except (OSError, subprocess.SubprocessError) as exc:
@@ -910,6 +923,7 @@ class BwrapDriver:
         try:
             proc = spawn_bwrap(
                 args,
+                self.environment(env),
                 procs_paths,
                 rlimits,
                 self.uid,
@@ -917,7 +931,6 @@ class BwrapDriver:
                 stdin=subprocess.PIPE if data else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self.environment(env),
                 pass_fds=tuple(passed),
             )
         except (OSError, subprocess.SubprocessError) as exc:

@@ -598,3 +598,37 @@ def test_bwrap_is_launched_without_a_python_preexec_fn(monkeypatch):
         assert sandbox.run(["true"]).exit_code == 0
         assert sandbox.run(["true"]).exit_code == 0  # the supervisor's launch
     assert calls and all("preexec_fn" not in kwargs for kwargs in calls)
+
+
+@pytest.mark.parametrize("supervise", ["never", "always"])
+def test_the_spec_environment_reaches_the_command_but_not_the_launch_or_bwrap(
+    supervise, monkeypatch
+):
+    """The launch shell runs as root: a spec's LD_PRELOAD must not load anything into it."""
+    import threading
+
+    from sandboxes.bwrap import bwrap_path
+
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
+    spec = SandboxSpec(timeout_s=60, env={"SANDBOX_MARK": "spec-variable", "LD_PRELOAD": ""})
+    sandbox = Sandbox(spec).open()
+    try:
+        group = sandbox._require().cgroup  # type: ignore[attr-defined]
+        runner = threading.Thread(target=lambda: sandbox.run(["sleep", "60"]))
+        runner.start()
+        environs: dict[str, bytes] = {}
+        deadline = time.monotonic() + 10
+        while len(environs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            for pid in group.pids():
+                with contextlib.suppress(OSError):
+                    program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+                    if program in (os.fsencode(bwrap_path()), b"sleep"):
+                        environs[os.fsdecode(program)] = Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"SANDBOX_MARK=spec-variable" in environs["sleep"]
+        assert b"SANDBOX_MARK" not in environs[bwrap_path()]
+        assert b"LD_PRELOAD" not in environs[bwrap_path()]
+    finally:
+        sandbox.close()
+        runner.join(timeout=20)
+    assert_nothing_left(sandbox.name)
