@@ -7,7 +7,10 @@
    sandbox, ``python3 -c pass``, same concurrency) — the ceiling of the fresh path. The same
    tasks again as HumanEval ``check(candidate)`` suites. Each evaluation holds two processes
    (the judge and the candidate).
-2. Answer and numeric criteria (math_equivalence + numeric_match on GSM8K-style responses):
+2. A rubric with unit tests and ruff (``static_analysis``, which runs in the sample's own
+   sandbox): samples per second with that sandbox from the recycling pool (the default on the
+   zygote path) and from a fresh pool (``CodeSandboxes.recycles`` forced off), alternated.
+3. Answer and numeric criteria (math_equivalence + numeric_match on GSM8K-style responses):
    evaluations per second of CPU time and of wall time, next to a minimal hand-written
    checker (last number == gold) over the same responses.
 
@@ -137,6 +140,39 @@ def bench_code(count: int, workers: int) -> None:
               " sandbox")  # fmt: skip
 
 
+def bench_ruff_pool(count: int, workers: int) -> None:
+    from rewards import sandboxing
+
+    samples = mbpp_samples(count)
+    rubric_spec = {
+        "version": 1,
+        "criteria": [
+            {"name": "tests", "kind": "unit_tests", "weight": 1},
+            {"name": "lint", "kind": "static_analysis", "weight": 0},
+        ],
+        "sandbox": {"memory_mb": 256, "timeout_s": 10, "max_concurrency": workers},
+    }
+    default = sandboxing.CodeSandboxes.recycles
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for _ in range(2):
+            for recycle in (True, False):
+                sandboxing.CodeSandboxes.recycles = property(lambda _self, r=recycle: r)  # type: ignore[method-assign, assignment]
+                with Rubric.from_spec(rubric_spec) as rubric:
+                    rubric.score_batch(samples[:workers], max_workers=workers)  # warm
+                    started = time.perf_counter()
+                    scored = rubric.score_batch(samples, max_workers=workers)
+                    rates[recycle].append(count / (time.perf_counter() - started))
+                errors = [r.details["lint"].get("error") for r in scored]
+                assert not any(errors), errors[:3]
+    finally:
+        sandboxing.CodeSandboxes.recycles = default  # type: ignore[method-assign]
+    print(f"unit tests + ruff rubric, {count} samples, {workers} at once (two rounds each)")
+    for recycle, label in ((True, "recycling pool (default)"), (False, "fresh pool")):
+        shown = " / ".join(f"{rate:.1f}" for rate in rates[recycle])
+        print(f"  {label}: {shown} samples/s")
+
+
 def gsm8k_samples(count: int) -> list[Sample]:
     rng = random.Random(1)
     templates = [
@@ -204,6 +240,7 @@ def main() -> int:
     if not args.code_only:
         bench_answers(args.answer_samples)
     bench_code(args.code_samples, args.workers)
+    bench_ruff_pool(min(args.code_samples, 100), args.workers)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Sandboxes: latency, pool throughput, snapshot/restore — each next to a same-run baseline.
 
-    .venv/bin/python bench/bench_sandboxes.py [--iterations 100] [--pool-runs 256]
+    .venv/bin/python bench/bench_sandboxes.py [--iterations 100] [--pool-runs 256] [--host-mb 0]
 
 1. create + run(["python3", "-c", "pass"]) + destroy, against a bare ``subprocess.run`` of
    the same command (interleaved, so both see the same load): p50, p99 and the p50 ratio.
@@ -13,6 +13,9 @@
    call-side harness that prints what the calls return; the judge compares on the host) through
    ``PythonZygote``s, one per slot, against a bare ``subprocess.run(["python3", "-I", ...])``
    of the same files at the same concurrency.
+
+``--host-mb`` keeps that much memory resident in this process first (a trainer or worker
+that imported torch holds GBs): anything that forks the host pays for it, vfork does not.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot
+from sandboxes.workspace import sandboxes_root
 
 COMMAND = ["python3", "-c", "pass"]
 BARE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -46,13 +50,11 @@ def bare_run() -> None:
     subprocess.run(COMMAND, env=BARE_ENV, check=True)
 
 
-def sandbox_run(spec: SandboxSpec) -> float:
-    """Runs once; returns the CPU seconds the sandbox's cgroup used (bwrap + the command)."""
+def sandbox_run(spec: SandboxSpec) -> None:
     with Sandbox(spec) as sandbox:
         result = sandbox.run(COMMAND)
     if result.exit_code != 0:
         raise RuntimeError(result)
-    return result.cpu_s or 0.0
 
 
 def sandboxes_cpu() -> float:
@@ -106,11 +108,14 @@ def latency(iterations: int) -> None:
         bare_run()
         bare.append(time.perf_counter() - start)
         bare_cpu += cpu_self() - own + cpu_children() - kids
-        start, own = time.perf_counter(), cpu_self()
-        in_cgroup = sandbox_run(spec)
+        start, own, kids = time.perf_counter(), cpu_self(), cpu_children()
+        sandbox_run(spec)
         boxed.append(time.perf_counter() - start)
-        # Host-side Python work plus everything inside the cgroup (bwrap joins it pre-exec).
-        boxed_cpu += cpu_self() - own + in_cgroup
+        # Host-side Python plus every process of the launch, each waited for (the launch
+        # chain and bwrap by us, the sandbox's init by bwrap, the command by the init), as
+        # for bare: so the cost of starting bwrap (a fork of this process, or the launcher's
+        # execs) counts wherever it runs, inside the cgroup or not.
+        boxed_cpu += cpu_self() - own + cpu_children() - kids
         # One step of a multi-step episode: a run in a sandbox that is already open.
         start, own = time.perf_counter(), cpu_self()
         step = episode.run(COMMAND)
@@ -194,7 +199,7 @@ def throughput(runs: int, concurrency: int) -> None:
     bare_cpu = (bare_cpu + bare_again_cpu) / 2
     bare_failures += bare_again_failures
     prefix = f"sb-{os.getpid()}-"
-    root = Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))
+    root = sandboxes_root()
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]
 
     def per_run(cpu: float) -> str:
@@ -369,10 +374,20 @@ def main() -> int:
     parser.add_argument("--pool-runs", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=max(2, os.cpu_count() or 1))
     parser.add_argument("--evaluations", type=int, default=400)
+    parser.add_argument(
+        "--host-mb",
+        type=int,
+        default=0,
+        help="hold this many MB resident in the bench process, as a worker that imported "
+        "torch does (what a fork of the host costs grows with it)",
+    )
     args = parser.parse_args()
+    ballast = bytearray(args.host_mb * 2**20)
+    for page in range(0, len(ballast), 4096):
+        ballast[page] = 1  # resident, not just reserved
     # A cgroup parent of our own, so its CPU counter holds this bench's sandboxes alone.
     os.environ.setdefault("SANDBOXES_CGROUP_PARENT", f"sandboxes-bench-{os.getpid()}")
-    print("load:", os.getloadavg(), "cpus:", os.cpu_count())
+    print("load:", os.getloadavg(), "cpus:", os.cpu_count(), f"host ballast: {args.host_mb} MB")
     latency(args.iterations)
     throughput(args.pool_runs, args.concurrency)
     snapshots()

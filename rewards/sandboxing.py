@@ -25,7 +25,15 @@ started: a narrow channel that carries no test, expected value or key) and timin
 there do not get ``-X utf8`` (the locale is C.UTF-8, so files and pipes are UTF-8 anyway).
 Zygotes do serve many samples, one run at a time. ``"fresh_sandbox"`` keeps the former path:
 a sandbox per sample, a new interpreter per run.
-Tools that are not Python (ruff) always run in the sample's own sandbox.
+Tools that are not Python (ruff) always run in the sample's own sandbox. On the zygote path
+that sandbox comes from a recycling pool (``SandboxPool(recycle=True)``): a released sandbox
+is reset, proven empty and handed to a later sample instead of paying a new set of
+namespaces (most of a short run's CPU). What a recycled sandbox shares between its users is
+what a zygote already shares between samples (the pid counter, tmpfs inode numbers, pid 1's
+own counters, timing), and nothing else: files, processes, IPC, limits and the supervisor's
+state are reset and checked, and any doubt closes it (``sandboxes.pool``). On the
+``"fresh_sandbox"`` path, which a rubric picks for a sandbox nobody used, the pool stays a
+fresh one.
 
 The tools the criteria run inside (coverage.py, ruff) come from a sandbox image built from
 this environment's own installed copies: coverage's package directory is copied to
@@ -120,6 +128,11 @@ class CodeSandboxes:
         self._spec: SandboxSpec | None = None
         self._lock = threading.Lock()
 
+    @property
+    def recycles(self) -> bool:
+        """Whether samples' sandboxes are reset and reused (see the module's docstring)."""
+        return self.python_evaluations == "zygote"
+
     def spec(self) -> SandboxSpec:
         with self._lock:
             if self._spec is None:
@@ -163,7 +176,10 @@ class CodeSandboxes:
                 # Pre-warmed sandboxes (created ahead, in the background) only serve
                 # acquires of the same spec, which is what every sample here asks for.
                 self._pool = SandboxPool(
-                    max_active=self.max_active, prewarm=prewarm, prewarm_spec=spec
+                    max_active=self.max_active,
+                    prewarm=prewarm,
+                    prewarm_spec=spec,
+                    recycle=self.recycles,
                 )
             return self._pool
 

@@ -21,6 +21,7 @@ import json
 import os
 import resource
 import selectors
+import shlex
 import shutil
 import signal
 import socket
@@ -247,6 +248,51 @@ def base_system_args(root: Path, uid: int, gid: int) -> list[str]:
     return args
 
 
+#: ``ulimit`` flags of dash (the init shell) and their units in bytes (``-c``, ``-f``: blocks).
+_ULIMIT_FLAGS = {
+    resource.RLIMIT_CORE: ("-c", 512),
+    resource.RLIMIT_NOFILE: ("-n", 1),
+    resource.RLIMIT_FSIZE: ("-f", 512),
+}
+
+
+@lru_cache(maxsize=1)
+def setpriv_path() -> str | None:
+    return shutil.which("setpriv")
+
+
+def launcher(
+    procs_paths: list[bytes], rlimits: list[tuple[int, int]], uid: int | None, gid: int | None
+) -> list[str] | None:
+    """The argv prefix that starts bwrap inside the run's cgroup, limits and ids, or None.
+
+    ``/bin/sh -c 'echo 0 >tasks ...; ulimit ...; exec "$@"' sh [setpriv ...] bwrap ...``: the
+    shell joins every group (as root, before any drop), sets the limits (soft = hard) and execs
+    setpriv, which drops to the sandbox's uid/gid with no supplementary groups and execs bwrap.
+    Nothing of bwrap, and so nothing of the sandbox, runs outside the cgroup or with our ids or
+    limits, exactly as with a ``preexec_fn``; but a Python ``preexec_fn`` makes subprocess fork
+    the whole host process (page tables and copy-on-write faults in proportion to its size, and
+    the child then runs Python), where without one it uses vfork and the cost is two small
+    execs: 2.4 ms against 16 ms measured for a host holding 500 MB, and about even for a small
+    one. Any step that fails stops the launch before bwrap starts (its error goes to the run's
+    stderr). None when a limit has no ``ulimit`` form or setpriv is missing (the caller falls
+    back to a ``preexec_fn``).
+    """
+    steps = [f"echo 0 >{shlex.quote(os.fsdecode(path))}" for path in procs_paths]
+    for limit, value in rlimits:
+        flag, unit = _ULIMIT_FLAGS.get(limit, ("", 0))
+        if not flag or value % unit:
+            return None
+        steps.append(f"ulimit {flag} {value // unit}")
+    prefix = [INIT_SHELL, "-c", " && ".join([*steps, 'exec "$@"']), "sandbox-launch"]
+    if uid is None or gid is None:
+        return prefix
+    setpriv = setpriv_path()
+    if setpriv is None:
+        return None
+    return [*prefix, setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+
+
 def _make_preexec(
     procs_paths: list[bytes], rlimits: list[tuple[int, int]], uid: int | None, gid: int | None
 ) -> Callable[[], None]:
@@ -267,6 +313,39 @@ def _make_preexec(
             os.setresuid(uid, uid, uid)
 
     return preexec
+
+
+#: The whole environment of the launch chain and of bwrap itself. The sandbox's variables
+#: reach only the sandbox (bwrap ``--clearenv --setenv``): the launch shell runs as root, and a
+#: spec's ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` must never load anything into it (nor into
+#: bwrap, on the host).
+LAUNCH_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def spawn_bwrap(
+    args: list[str],
+    env: Mapping[str, str],
+    procs_paths: list[bytes],
+    rlimits: list[tuple[int, int]],
+    uid: int | None,
+    gid: int | None,
+    **popen: object,
+) -> subprocess.Popen[bytes]:
+    """Starts ``args`` (bwrap's argv, ending in ``-- command...``) in the run's cgroups with
+    the limits and ids (see ``launcher``), the command with exactly ``env``; a ``preexec_fn``
+    only where the launcher cannot be used."""
+    separator = args.index("--")
+    setenv = [item for name, value in env.items() for item in ("--setenv", name, value)]
+    args = [*args[:separator], "--clearenv", *setenv, *args[separator:]]
+    prefix = launcher(procs_paths, rlimits, uid, gid)
+    if prefix is not None:
+        return subprocess.Popen([*prefix, *args], env=LAUNCH_ENV, **popen)  # type: ignore[call-overload, no-any-return]
+    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+        args,
+        env=LAUNCH_ENV,
+        preexec_fn=_make_preexec(procs_paths, rlimits, uid, gid),  # noqa: PLW1509
+        **popen,
+    )
 
 
 class BwrapDriver:
@@ -644,14 +723,17 @@ class BwrapDriver:
             ),
         ]
         try:
-            proc = subprocess.Popen(
+            proc = spawn_bwrap(
                 args,
+                self.environment(),
+                mark.procs_paths,
+                self._rlimits(),
+                self.uid,
+                self.gid,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                env=self.environment(),
                 pass_fds=tuple(passed),
-                preexec_fn=_make_preexec(mark.procs_paths, self._rlimits(), self.uid, self.gid),  # noqa: PLW1509
             )
         except (OSError, subprocess.SubprocessError) as exc:
             host_end.close()
@@ -839,14 +921,17 @@ class BwrapDriver:
         out, err = StreamCapture(limit, on_stdout), StreamCapture(limit, on_stderr)
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
+            proc = spawn_bwrap(
                 args,
+                self.environment(env),
+                procs_paths,
+                rlimits,
+                self.uid,
+                self.gid,
                 stdin=subprocess.PIPE if data else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self.environment(env),
                 pass_fds=tuple(passed),
-                preexec_fn=_make_preexec(procs_paths, rlimits, self.uid, self.gid),  # noqa: PLW1509
             )
         except (OSError, subprocess.SubprocessError) as exc:
             os.close(status_read)

@@ -1,6 +1,7 @@
 """The host side of a sandbox's writable storage: a size-limited tmpfs per sandbox.
 
-Layout on the host (``SANDBOXES_ROOT``, default ``/tmp/sandboxes``)::
+Layout on the host (``SANDBOXES_ROOT``, default ``/dev/shm/sandboxes`` where /dev/shm is a
+tmpfs, else ``/tmp/sandboxes``)::
 
     <root>/<name>/        tmpfs, size = disk_mb, inodes = disk_mb * 256 (mode 0711, root)
     <root>/<name>/work    the sandbox's /work (owned by the sandbox uid)
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import io
 import os
 import shutil
@@ -39,7 +41,29 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 def sandboxes_root() -> Path:
-    return Path(os.environ.get("SANDBOXES_ROOT", "/tmp/sandboxes"))  # noqa: S108
+    configured = os.environ.get("SANDBOXES_ROOT")
+    return Path(configured) if configured else _default_root()
+
+
+@functools.lru_cache(maxsize=1)
+def _default_root() -> Path:
+    """A directory on a memory filesystem when the machine has one (/dev/shm).
+
+    Each sandbox's tmpfs is mounted on a directory of its own under the root, made and
+    removed with the sandbox. On a disk filesystem that rmdir is a journalled metadata change:
+    1.5 ms measured here (ext4 with ``discard``), the largest single host-side cost of closing
+    a sandbox; on a tmpfs it is microseconds. The root holds only these empty mount points and
+    the sandboxes' copied /etc (~1 MB), so it costs next to no memory.
+    """
+    shm = "/dev/shm"  # noqa: S108 - planted entries are refused as in /tmp (ensure_private_dir)
+    try:
+        with open("/proc/self/mounts") as mounts:
+            shm_is_tmpfs = any(line.split()[1:3] == [shm, "tmpfs"] for line in mounts)
+    except OSError:
+        shm_is_tmpfs = False
+    if shm_is_tmpfs and os.access(shm, os.W_OK | os.X_OK):
+        return Path(shm) / "sandboxes"
+    return Path("/tmp/sandboxes")  # noqa: S108
 
 
 def ensure_private_dir(path: Path) -> None:

@@ -230,3 +230,38 @@ def test_a_sample_that_exhausts_the_sandbox_leaves_the_next_a_working_zygote():
             after = rubric.score(sample(code(SPY), ASSERTS))
             assert after.total == 1.0, (what, after.details)
         assert zygotes_opened(rubric) == 1
+
+
+def test_on_the_zygote_path_samples_sandboxes_are_recycled_and_no_sample_sees_another():
+    """The pool behind non-Python tools (ruff) resets and reuses a sample's sandbox on the
+    default path, and keeps fresh sandboxes on the fresh-sandbox path; a later sample sees none
+    of an earlier one's files or processes."""
+    from rewards.sandboxing import CodeSandboxes, ScoringState
+
+    recycling = CodeSandboxes({"max_concurrency": 1}, needs_tools=False)
+    fresh = CodeSandboxes({"max_concurrency": 1, "python_evaluations": "fresh_sandbox"}, False)
+    try:
+        assert recycling.pool().recycle and not fresh.pool().recycle
+        first = ScoringState(recycling)
+        planting = first.sandbox()
+        name = planting.name
+        planting.run(
+            [
+                "sh",
+                "-c",
+                "echo x >/work/planted; echo x >/tmp/planted; echo x >/dev/shm/planted; "
+                "(setsid sleep 60 &); sleep 61 &",
+            ]
+        )
+        first.close()
+        second = ScoringState(recycling)
+        looking = second.sandbox()
+        assert looking.name == name  # the same sandbox, reset
+        seen = looking.run(
+            ["sh", "-c", "ls -A /work /tmp /dev/shm; cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]
+        )
+        second.close()
+        assert "planted" not in seen.stdout and "sleep" not in seen.stdout, seen.stdout
+    finally:
+        recycling.close()
+        fresh.close()

@@ -537,3 +537,98 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
         sandbox.close()
         runner.join(timeout=20)
     assert_nothing_left(sandbox.name)
+
+
+@pytest.mark.parametrize("supervise", ["never", "always"])
+def test_bwrap_starts_with_the_sandbox_ids_limits_and_no_capabilities(supervise, monkeypatch):
+    """The launch (a shell and setpriv, no Python preexec_fn) gives what the preexec_fn gave."""
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
+    spec = SandboxSpec(open_files=77, disk_mb=3)
+    with Sandbox(spec) as sandbox:
+        result = sandbox.run(["cat", "/proc/self/status", "/proc/self/limits"])
+    lines = result.stdout.splitlines()
+    fields = dict(line.split(":", 1) for line in lines if line.startswith(("Groups", "Cap")))
+    limits = {line[:26].strip(): line[26:].split()[:2] for line in lines}
+    assert limits["Max open files"] == ["77", "77"]
+    assert limits["Max file size"] == [str(3 * 2**20)] * 2
+    assert limits["Max core file size"] == ["0", "0"]
+    assert fields["CapEff"].strip() == fields["CapPrm"].strip() == "0000000000000000"
+    if os.geteuid() == 0:
+        # Inside the user namespace the ids show as the mapped ones; outside they are nobody's.
+        assert fields["Groups"].strip() == ""
+    assert result.exit_code == 0
+
+
+def test_bwrap_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path):
+    """A launch whose cgroup join fails stops before bwrap: nothing runs outside the group."""
+    from sandboxes.cgroups import RunMark
+
+    with Sandbox(SandboxSpec()) as sandbox:
+        driver = sandbox._require()  # type: ignore[attr-defined]
+        real_begin = driver.cgroup.begin_run
+
+        def broken_begin(name: str, memory_mb: int) -> RunMark:
+            mark = real_begin(name, memory_mb)
+            mark.procs_paths = [*mark.procs_paths, os.fsencode(tmp_path / "absent" / "tasks")]
+            return mark
+
+        monkeypatch.setattr(driver.cgroup, "begin_run", broken_begin)
+        with pytest.raises(SandboxError, match="could not set up the sandbox"):
+            sandbox.run(["touch", "/work/ran"])
+        monkeypatch.undo()
+        assert sandbox.run(["ls", "/work"]).stdout == ""
+    assert_nothing_left(sandbox.name)
+
+
+def test_bwrap_is_launched_without_a_python_preexec_fn(monkeypatch):
+    """A preexec_fn makes subprocess fork the whole host process instead of vfork."""
+    from sandboxes import bwrap
+
+    calls: list[dict[str, object]] = []
+    real_popen = subprocess.Popen
+
+    def spy(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        calls.append(kwargs)
+        return real_popen(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(bwrap.subprocess, "Popen", spy)
+    if os.geteuid() == 0 and bwrap.setpriv_path() is None:
+        pytest.skip("no setpriv here: a root caller falls back to a preexec_fn")
+    with Sandbox(SandboxSpec()) as sandbox:
+        assert sandbox.run(["true"]).exit_code == 0
+        assert sandbox.run(["true"]).exit_code == 0  # the supervisor's launch
+    assert calls and all("preexec_fn" not in kwargs for kwargs in calls)
+
+
+@pytest.mark.parametrize("supervise", ["never", "always"])
+def test_the_spec_environment_reaches_the_command_but_not_the_launch_or_bwrap(
+    supervise, monkeypatch
+):
+    """The launch shell runs as root: a spec's LD_PRELOAD must not load anything into it."""
+    import threading
+
+    from sandboxes.bwrap import bwrap_path
+
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
+    spec = SandboxSpec(timeout_s=60, env={"SANDBOX_MARK": "spec-variable", "LD_PRELOAD": ""})
+    sandbox = Sandbox(spec).open()
+    try:
+        group = sandbox._require().cgroup  # type: ignore[attr-defined]
+        runner = threading.Thread(target=lambda: sandbox.run(["sleep", "60"]))
+        runner.start()
+        environs: dict[str, bytes] = {}
+        deadline = time.monotonic() + 10
+        while len(environs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            for pid in group.pids():
+                with contextlib.suppress(OSError):
+                    program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+                    if program in (os.fsencode(bwrap_path()), b"sleep"):
+                        environs[os.fsdecode(program)] = Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"SANDBOX_MARK=spec-variable" in environs["sleep"]
+        assert b"SANDBOX_MARK" not in environs[bwrap_path()]
+        assert b"LD_PRELOAD" not in environs[bwrap_path()]
+    finally:
+        sandbox.close()
+        runner.join(timeout=20)
+    assert_nothing_left(sandbox.name)
