@@ -2,7 +2,8 @@
 (two hosts to the console), a CPU job whose two ranks (one per host, gloo) meet at the
 rendezvous on node 0's host and report as one run. Killing one node's process mid-run stops
 the whole gang (no process of it is left) and puts the run back in the queue; it resumes on
-both hosts from its checkpoint and finishes with every step's metrics and samples once."""
+both hosts from its checkpoint, is preempted as a whole through its Control (both nodes exit
+cleanly), resumes again and finishes with every step's metrics and samples once."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-PROMPTS, GROUP, STEPS = 4, 2, 6
+PROMPTS, GROUP, STEPS = 4, 2, 8
 
 
 @pytest.fixture
@@ -131,6 +132,35 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     assert "node 1" in first.error
     assert gang_processes(pids) == [], "a process of the stopped gang is still running"
 
+    # Resumed on both hosts, the gang is preempted through its Control: rank 0 decides for
+    # every rank, the checkpoint is collective, and both nodes exit by themselves.
+    wait_for(
+        lambda: TrajectoryRecord.objects.filter(
+            run_id=run_id, attempt__number=2, attempt__state="running"
+        ).exists(),
+        timeout=300,
+        what="the second attempt to train",
+        cluster=cluster,
+    )
+    api = api_client_as("owner")
+    answer = api.post(
+        f"/api/runs/{run_id}/preempt",
+        data=json.dumps({"reason": "make room"}),
+        content_type="application/json",
+    )
+    assert answer.status_code == 200, answer.content
+    second = Attempt.objects.get(run_id=run_id, number=2)
+    wait_for(
+        lambda: set(second.allocations.values_list("state", flat=True)) == {AllocationState.EXITED},
+        timeout=300,
+        what="both nodes of the preempted attempt to exit",
+        cluster=cluster,
+    )
+    second.refresh_from_db()
+    assert second.state == "preempted", second.error
+    assert list(second.allocations.values_list("exit_code", flat=True)) == [0, 0]
+    assert gang_processes([n.pid for n in second.allocations.all() if n.pid]) == []
+
     wait_for(
         lambda: Run.objects.get(pk=run_id).state in ("completed", "failed", "cancelled"),
         timeout=900,
@@ -140,9 +170,11 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     final = Run.objects.get(pk=run_id)
     assert final.state == "completed", f"{final.state_reason}\n{final.error}\n{cluster.logs()}"
     attempts = list(Attempt.objects.filter(run=final).order_by("number"))
-    assert [a.state for a in attempts][-1] == "completed"
+    assert [a.state for a in attempts] == ["lost", "preempted", "completed"]
     last = attempts[-1]
-    assert last.start_step >= 2 and last.allocations.count() == 2
+    preempted = Checkpoint.objects.get(run=final, reason="preempt")
+    assert last.start_step == preempted.step > second.start_step
+    assert last.allocations.count() == 2
     wait_for(
         lambda: set(last.allocations.values_list("state", flat=True)) == {AllocationState.EXITED},
         timeout=120,
