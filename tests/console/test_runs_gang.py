@@ -265,6 +265,8 @@ def test_the_api_and_the_form_launch_a_run_on_several_hosts(
     page = owner_client.get(reverse("runs:run_detail", args=[response.json()["id"]]))
     content = page.content.decode()
     assert all(n["host"] in content for n in nodes) and "node 1" in content
+    hosts_page = owner_client.get(reverse("runs:host_list")).content.decode()
+    assert "node 0 of 2" in hosts_page and "node 1 of 2" in hosts_page
     bad = owner_client.post(reverse("runs:run_create"), form_data(fleet, name="bad", hosts="0"))
     assert bad.status_code == 422 and 'id="errors-hosts"' in bad.content.decode()
     assert not Run.objects.filter(name="bad").exists()
