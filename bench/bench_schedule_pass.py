@@ -57,7 +57,14 @@ def _bench(hosts: int, gpus: int, queued: int, passes: int) -> int:
 
     call_command("migrate", verbosity=0)
     from console.accounts.models import Team
-    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
+    from console.runs.models import (
+        Allocation,
+        Attempt,
+        Host,
+        ModelVersion,
+        RegisteredModel,
+        Run,
+    )
     from console.scheduling import policy
     from console.scheduling import services as scheduling
     from console.scheduling.models import PriorityClass, TeamQuota
@@ -92,9 +99,14 @@ def _bench(hosts: int, gpus: int, queued: int, passes: int) -> int:
         run("running", rng.choice([normal, low]), rng.choice(teams), 1, last_step=50)
         for _ in range(hosts * gpus)
     )
-    Attempt.objects.bulk_create(
+    attempts = Attempt.objects.bulk_create(
         Attempt(run=r, number=1, host=fleet[i // gpus], state="running", started_at=now)
         for i, r in enumerate(running)
+    )
+    # What the scheduler counts as in use: each attempt's allocation (one host each here).
+    Allocation.objects.bulk_create(
+        Allocation(attempt=a, run=a.run, host=a.host, node_rank=0, gpus=1, state="running")
+        for a in attempts
     )
     classes = [low] * 6 + [normal] * 3 + [high]
     Run.objects.bulk_create(

@@ -167,16 +167,17 @@ def model_version_get(*, pk: int, number: int) -> ModelVersion:
 
 
 def host_list_with_live_attempts() -> QuerySet[Host]:
-    """Every host with the attempts now live on it (and their runs)."""
+    """Every host with the nodes of live attempts on it (`live_nodes`: a run on one host has
+    one; a gang has one on each of its hosts), with their attempts and runs."""
     from console.runs.models import LIVE_ATTEMPT_STATES
 
     live = (
-        Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES)
-        .select_related("run__team")
+        Allocation.objects.filter(attempt__state__in=LIVE_ATTEMPT_STATES)
+        .select_related("attempt", "run__team")
         .order_by("run_id")
     )
     return Host.objects.order_by("name").prefetch_related(
-        Prefetch("attempts", queryset=live, to_attr="live_attempts")
+        Prefetch("allocations", queryset=live, to_attr="live_nodes")
     )
 
 

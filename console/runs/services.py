@@ -754,6 +754,10 @@ def attempt_finished(
         if exit_code is not None:
             attempt.exit_code = exit_code
         attempt.save(update_fields=["state", "outcome", "error", "ended_at", "exit_code"])
+        # A node no agent has claimed yet never will (its claim needs a live attempt).
+        Allocation.objects.filter(attempt=attempt, state=AllocationState.SCHEDULED).update(
+            state=AllocationState.LOST, ended_at=attempt.ended_at
+        )
         run = Run.objects.select_for_update().get(pk=attempt.run_id)
         record_event(
             run,
@@ -859,12 +863,20 @@ def sweep() -> dict[str, int]:
         gang_offline = Allocation.objects.filter(
             host__state=HostState.OFFLINE, attempt__state__in=LIVE_ATTEMPT_STATES
         ).values("attempt_id")
+        # A node no agent claimed in time (a gang's other nodes keep the attempt's heartbeat
+        # fresh, so that alone does not show it).
+        unclaimed = Allocation.objects.filter(
+            state=AllocationState.SCHEDULED,
+            attempt__state__in=LIVE_ATTEMPT_STATES,
+            attempt__scheduled_at__lt=cutoff,
+        ).values("attempt_id")
         stale = (
             Attempt.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(state__in=LIVE_ATTEMPT_STATES)
             .filter(
                 Q(host__state=HostState.OFFLINE)
                 | Q(pk__in=gang_offline)
+                | Q(pk__in=unclaimed)
                 | Q(heartbeat_at__lt=cutoff)
                 | Q(heartbeat_at=None, scheduled_at__lt=cutoff)
             )
@@ -876,11 +888,17 @@ def sweep() -> dict[str, int]:
                 .values_list("host__name", flat=True)
                 .first()
             )
-            reason = (
-                f"host {gone} went silent"
-                if gone
-                else f"attempt {attempt.number} stopped reporting on {attempt.host.name}"
+            waiting = (
+                Allocation.objects.filter(attempt=attempt, state=AllocationState.SCHEDULED)
+                .values_list("host__name", flat=True)
+                .first()
             )
+            if gone:
+                reason = f"host {gone} went silent"
+            elif waiting and attempt.scheduled_at < cutoff:
+                reason = f"host {waiting} did not start its part of attempt {attempt.number}"
+            else:
+                reason = f"attempt {attempt.number} stopped reporting on {attempt.host.name}"
             _requeue_lost(attempt, reason)
             lost += 1
     placed = place_runs()
@@ -907,6 +925,7 @@ def host_register(*, name: str, inventory: dict[str, Any], agent_pid: int) -> Ho
         state=HostState.READY, state_reason="agent started"
     )
     host.refresh_from_db()
+    _forget_dead_nodes(host)
     if host.pool_id is None:
         from console.scheduling.services import default_pool
 
@@ -914,6 +933,30 @@ def host_register(*, name: str, inventory: dict[str, Any], agent_pid: int) -> Ho
         host.refresh_from_db()
     transaction.on_commit(request_placement)  # the fleet changed
     return host
+
+
+def _forget_dead_nodes(host: Host) -> None:
+    """An agent that starts runs nothing yet: whatever its host's nodes were running died with
+    the previous agent (``PR_SET_PDEATHSIG``). Those nodes are lost, and so are their live
+    attempts (a gang's other nodes would otherwise wait on a peer that is gone)."""
+    with transaction.atomic():
+        dead = list(
+            Allocation.objects.select_for_update()
+            .filter(host=host, state__in=[AllocationState.STARTING, AllocationState.RUNNING])
+            .select_related("attempt")
+        )
+        if not dead:
+            return
+        Allocation.objects.filter(pk__in=[n.pk for n in dead]).update(
+            state=AllocationState.LOST, ended_at=timezone.now()
+        )
+        live = {n.attempt_id for n in dead if n.attempt.state in LIVE_ATTEMPT_STATES}
+        for attempt in Attempt.objects.select_for_update().filter(
+            pk__in=live, state__in=LIVE_ATTEMPT_STATES
+        ):
+            _requeue_lost(attempt, f"the host agent on {host.name} restarted")
+        if live:
+            transaction.on_commit(request_placement)
 
 
 def host_heartbeat(*, name: str, attempt_ids: list[int]) -> None:

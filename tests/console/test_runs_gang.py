@@ -265,9 +265,45 @@ def test_the_api_and_the_form_launch_a_run_on_several_hosts(
     page = owner_client.get(reverse("runs:run_detail", args=[response.json()["id"]]))
     content = page.content.decode()
     assert all(n["host"] in content for n in nodes) and "node 1" in content
+    hosts_page = owner_client.get(reverse("runs:host_list")).content.decode()
+    assert "node 0 of 2" in hosts_page and "node 1 of 2" in hosts_page
     bad = owner_client.post(reverse("runs:run_create"), form_data(fleet, name="bad", hosts="0"))
     assert bad.status_code == 422 and 'id="errors-hosts"' in bad.content.decode()
     assert not Run.objects.filter(name="bad").exists()
     good = owner_client.post(reverse("runs:run_create"), form_data(fleet, name="good", hosts="3"))
     assert good.status_code == 302, good.content
     assert Run.objects.get(name="good").hosts == 3
+
+
+def test_a_restarted_agent_loses_the_nodes_its_host_was_running(fleet: Lab) -> None:
+    run = launch(fleet, "pair", hosts=2)
+    services.schedule_pass()
+    attempt = attempt_of(run)
+    make_running(Run.objects.get(pk=run.pk))
+    Allocation.objects.filter(attempt=attempt).update(state=AllocationState.RUNNING)
+    one = attempt.allocations.select_related("host").get(node_rank=1)
+    runs_services.host_register(name=one.host.name, inventory={}, agent_pid=2)
+    attempt.refresh_from_db()
+    one.refresh_from_db()
+    assert one.state == AllocationState.LOST
+    assert attempt.state == AttemptState.LOST and "restarted" in attempt.error
+    assert Run.objects.get(pk=run.pk).state == RunState.QUEUED
+    # The port is free once node 0's agent has stopped its group and recorded the exit.
+    assert services.rendezvous_port() == 31001
+    runs_services.node_exited(attempt=attempt, node=0, exit_code=-15)
+    assert services.rendezvous_port() == 31000
+
+
+def test_a_node_no_agent_claims_in_time_loses_the_gang(fleet: Lab, settings: Any) -> None:
+    run = launch(fleet, "pair", hosts=2)
+    services.schedule_pass()
+    attempt = attempt_of(run)
+    make_running(Run.objects.get(pk=run.pk))
+    # Node 0 runs and beats; node 1's agent never took its message.
+    Allocation.objects.filter(attempt=attempt, node_rank=0).update(state=AllocationState.RUNNING)
+    old = timezone.now() - dt.timedelta(seconds=settings.HOST_OFFLINE_AFTER_S + 5)
+    Attempt.objects.filter(pk=attempt.pk).update(scheduled_at=old, heartbeat_at=timezone.now())
+    runs_services.sweep()
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.LOST and "did not start" in attempt.error
+    assert attempt.allocations.get(node_rank=1).state == AllocationState.LOST

@@ -22,6 +22,7 @@ from console.registry.models import Domain
 from console.runs import services
 from console.runs.launch import default_document
 from console.runs.models import (
+    Allocation,
     Attempt,
     AttemptState,
     Checkpoint,
@@ -169,7 +170,9 @@ def test_list_pages_show_the_team_objects_to_members_and_nothing_to_others(
 def test_hosts_are_shown_to_every_member_and_other_teams_runs_stay_anonymous(
     client_as: Callable[[str], Client], lab: Lab
 ) -> None:
-    Attempt.objects.create(run=lab.run, number=2, host=Host.objects.get(name="gpu-a"))
+    host = Host.objects.get(name="gpu-a")
+    attempt = Attempt.objects.create(run=lab.run, number=2, host=host)
+    Allocation.objects.create(attempt=attempt, run=lab.run, host=host, node_rank=0, gpus=1)
     for who in EVERYONE:
         response = client_as(who).get(reverse("runs:host_list"))
         if who == ANONYMOUS:
