@@ -141,7 +141,7 @@ class Decisions:
 
 _INF = float("inf")
 PREEMPTION_SEARCHES = 4  # per lane (pool and resource) and pass
-AHEAD_IN_ESTIMATE = 64  # queued jobs a victim's resume estimate plays out before it
+AHEAD_IN_ESTIMATE = 8  # queued jobs a victim's resume estimate plays out before it
 
 
 class _Index:
@@ -172,11 +172,19 @@ class _Index:
     def count(self, need: int) -> int:
         return sum(len(b) for units, b in self.buckets.items() if units >= need)
 
-    def pick(self, need: int, n: int) -> list[str] | None:
-        """Best fit: the n fullest hosts that still have `need` free, or None."""
+    def pick(
+        self, need: int, n: int, ends: dict[str, float] | None = None, end: float = 0.0
+    ) -> list[str] | None:
+        """Best fit: the n fullest hosts that still have `need` free, or None. With `ends`
+        (when each host's running jobs end), a one-host job takes, among the fullest, the
+        host whose jobs end closest to its own `end`: the host then frees whole, not in
+        fragments that the 8-GPU jobs cannot use."""
         chosen: list[str] = []
         for units in sorted(u for u in self.buckets if u >= need):
-            for host in self.buckets[units]:
+            bucket = self.buckets[units]
+            if n == 1 and ends is not None and len(bucket) > 1:
+                return [min(bucket, key=lambda h: (abs(ends.get(h, 0.0) - end), h))]
+            for host in bucket:
                 chosen.append(host)
                 if len(chosen) == n:
                     return chosen
@@ -212,6 +220,17 @@ class _Lane:
         self._running: dict[str, list[JobView]] | None = None
         self._victims: dict[str, list[tuple[int, float, int, JobView]]] | None = None
         self._fit_hosts: dict[int, int] = {}
+        self._ends: dict[str, float] | None = None
+
+    @property
+    def ends(self) -> dict[str, float]:
+        """Per host, when the last of its running jobs (and this pass's placements) ends."""
+        if self._ends is None:
+            self._ends = {}
+            for end, h, _, _ in self.releases:
+                if end > self._ends.get(h, 0.0):
+                    self._ends[h] = end
+        return self._ends
 
     def fits_ever(self, need: int, n: int) -> bool:
         count = self._fit_hosts.get(need)
@@ -278,6 +297,8 @@ class _Lane:
         for h in hosts:
             self.now.set(h, self.now.free[h] - need)
             self.placed.append((end, h, need, run_id))
+            if self._ends is not None and end > self._ends.get(h, 0.0):
+                self._ends[h] = end
             if res is not None:
                 if end > res.start and h in res.slack:
                     res.slack[h] -= need
@@ -399,6 +420,9 @@ class _Pass:
         self.team_usage: dict[str, int] = {}
         self.victims: set[int] = set()
         self._shares: dict[str, tuple[float, int]] = {}
+        self._waiting: dict[tuple[str, bool], list[tuple[tuple[int, int, float, int], JobView]]]
+        self._waiting = {}
+        self._pinned: dict[tuple[str, bool], int] = {}
         # the same shape of job in the same state of a lane waits for the same reason
         self._reasons: dict[tuple[str, bool, int, int, str, int, bool], str] = {}
         pool_of, usage, team_usage = self.pool_of, self.usage, self.team_usage
@@ -499,11 +523,26 @@ class _Pass:
             )
             return
         end = self.now + max(0.0, job.est_remaining_s)
-        if len(lanes) > 1:  # any pool: the one with the most idle capacity first
-            lanes.sort(key=lambda ln: -ln.now.total)
-        for lane in lanes:
-            hosts, backfill = self.try_place(lane, need, job.hosts, end)
+        if len(lanes) == 1:
+            hosts, backfill = self.try_place(lanes[0], need, job.hosts, end)
             if hosts is not None:
+                self.place(job, lanes[0], hosts, need, end, backfill)
+                return
+        else:
+            # any pool: where it fits best (least left free on the hosts it takes, so whole
+            # hosts stay whole for the 8-GPU jobs), then the pool with the most idle capacity
+            best: tuple[int, int, int, _Lane, list[str], bool] | None = None
+            for i, lane in enumerate(lanes):
+                hosts, backfill = self.try_place(lane, need, job.hosts, end)
+                if hosts is not None:
+                    free = lane.now.free
+                    left = sum(free[h] for h in hosts) - need * len(hosts)
+                    spare = lane.now.total - self.pinned_demand(lane)
+                    option = (-spare, left, i, lane, hosts, backfill)
+                    if best is None or option[:3] < best[:3]:
+                        best = option
+            if best is not None:
+                _, _, _, lane, hosts, backfill = best
                 self.place(job, lane, hosts, need, end, backfill)
                 return
         possible = [ln for ln in lanes if ln.fits_ever(need, job.hosts)]
@@ -541,7 +580,8 @@ class _Pass:
         key = (need, n, long)
         if key in lane.unfit:
             return None, res is not None
-        hosts = (res.long if res is not None and long else lane.now).pick(need, n)
+        index = res.long if res is not None and long else lane.now
+        hosts = index.pick(need, n, lane.ends, end) if n == 1 else index.pick(need, n)
         if hosts is None:
             lane.unfit.add(key)
         return hosts, res is not None
@@ -701,65 +741,102 @@ class _Pass:
         )
         return True
 
+    def pinned_demand(self, lane: _Lane) -> int:
+        """Units wanted by the queued jobs that can only run in this lane's pool."""
+        demand = self._pinned.get((lane.pool, lane.gpu))
+        if demand is None:
+            demand = 0
+            for j in self.queued:
+                if j.pool == lane.pool and (j.gpus > 0) == lane.gpu:
+                    demand += _units(j) * j.hosts
+            self._pinned[(lane.pool, lane.gpu)] = demand
+        return demand
+
     def order_key(self, job: JobView) -> tuple[int, int, float, int]:
         cls = self.classes.get(job.class_name)
         return (-(cls.value if cls else 0), -job.priority, job.queued_at, job.run_id)
 
-    def waiting_in(self, lane: _Lane, *, exclude: int) -> list[JobView]:
-        """The queued jobs that will start in this lane (they name its pool), not placed and
-        not holding capacity for a preemption of their own (that capacity is already held)."""
-        placed = {p.run_id for p in self.decisions.placements}
-        # a job for any pool counts where it has no other pool to go to
-        only = sum(1 for _, gpu in self.lanes if gpu == lane.gpu) == 1
-        return [
-            j
-            for j in self.queued
-            if (j.pool == lane.pool or (j.pool is None and only))
-            and (j.gpus > 0) == lane.gpu
-            and j.run_id not in placed
-            and j.run_id != exclude
-            and not j.preemption_requested
-            and not any(p.requester_run_id == j.run_id for p in self.decisions.preemptions)
-        ]
+    def waiting_in(self, lane: _Lane) -> list[tuple[tuple[int, int, float, int], JobView]]:
+        """The queued jobs that start in this lane (they name its pool; a job for any pool
+        where it has no other pool to go to), in queue order; sorted once per lane and pass."""
+        cached = self._waiting.get((lane.pool, lane.gpu))
+        if cached is None:
+            only = sum(1 for _, gpu in self.lanes if gpu == lane.gpu) == 1
+            cached = sorted(
+                (
+                    (self.order_key(j), j)
+                    for j in self.queued
+                    if (j.pool == lane.pool or (j.pool is None and only))
+                    and (j.gpus > 0) == lane.gpu
+                    and not j.preemption_requested
+                ),
+                key=lambda kj: kj[0],
+            )
+            self._waiting[(lane.pool, lane.gpu)] = cached
+        return cached
 
-    def expected_start(
+    def expected_starts(
         self,
         lane: _Lane,
-        victim: JobView,
-        waiting: list[JobView],
+        requester: JobView,
+        victims: list[JobView],
         free: dict[str, int],
         releases: list[tuple[float, str, int, int]],
-    ) -> float | None:
-        """Seconds until a victim back in the queue is expected to start again: the jobs that
-        wait ahead of it in this lane (by class, priority and age, as it goes back at its old
-        place; at most AHEAD_IN_ESTIMATE of them) start in order as running jobs end, each
-        taking its hosts until its est_remaining_s is over, and then the victim. In order, no
-        backfill: an estimate that errs late rather than early. None: it never fits, or the
-        jobs ahead never all fit."""
-        key = self.order_key(victim)
-        ahead = sorted((j for j in waiting if self.order_key(j) < key), key=self.order_key)
-        ahead = [j for j in ahead[:AHEAD_IN_ESTIMATE] if lane.fits_ever(_units(j), j.hosts)]
+    ) -> dict[int, float | None]:
+        """Seconds until each victim, back in the queue at its old place, is expected to start
+        again. The jobs waiting ahead of it in this lane (by class, priority and age; at most
+        AHEAD_IN_ESTIMATE of them, placed or planned ones left out) and the victims start in
+        that order as running jobs end, each on its best-fit hosts until its est_remaining_s
+        is over. In order, without backfill: an estimate that errs late rather than early.
+        None: it never fits, or the jobs ahead never all fit (capacity held for requesters)."""
+        keyed = sorted(((self.order_key(v), v) for v in victims), key=lambda kv: kv[0])
+        last = keyed[-1][0]
+        skip = {requester.run_id, *(p.run_id for p in self.decisions.placements)}
+        skip.update(p.requester_run_id for p in self.decisions.preemptions)
+        ahead: list[tuple[tuple[int, int, float, int], JobView]] = []
+        for key, j in self.waiting_in(lane):
+            if key >= last or len(ahead) == AHEAD_IN_ESTIMATE:
+                break
+            if j.run_id not in skip and lane.fits_ever(_units(j), j.hosts):
+                ahead.append((key, j))
+        order = sorted(ahead + keyed, key=lambda kj: kj[0])
         free = dict(free)
+        top = max(lane.total.values(), default=0)
+        at_least = [0] * (top + 2)  # at_least[k]: hosts with k or more free units
+        for u in free.values():
+            for k in range(1, min(u, top) + 1):
+                at_least[k] += 1
         pending = list(releases)  # sorted by end: a valid heap
+        pop, push = heapq.heappop, heapq.heappush
+        wanted = {v.run_id for v in victims}
+        starts: dict[int, float | None] = {v.run_id: None for v in victims}
         t = self.now
-        for job in [*ahead, victim]:
-            need, n = _units(job), job.hosts if job is not victim else len(victim.running_on)
-            fitting = {h for h, u in free.items() if u >= need}
-            while len(fitting) < n:
+        for _, job in order:
+            need = _units(job)
+            n = len(job.running_on) if job.run_id in wanted else job.hosts
+            while at_least[need] < n:
                 if not pending:
-                    return None  # capacity held for other requesters: no honest estimate
-                end, h, units, _ = heapq.heappop(pending)
+                    return starts  # the rest never fit
+                end, h, units, _ = pop(pending)
+                before = free[h]
+                free[h] = before + units
+                for k in range(before + 1, min(before + units, top) + 1):
+                    at_least[k] += 1
                 t = max(t, end)
-                free[h] += units
-                if free[h] >= need:
-                    fitting.add(h)
-            if job is victim:
-                return t - self.now
-            hosts = sorted(fitting, key=lambda h: (free[h], h))[:n]  # best fit, as placed
+            if job.run_id in wanted:
+                starts[job.run_id] = t - self.now
+            # best fit, as a placement would choose
+            hosts = heapq.nsmallest(
+                n, (h for h, u in free.items() if u >= need), key=free.__getitem__
+            )
+            end = t + max(0.0, job.est_remaining_s)
             for h in hosts:
-                free[h] -= need
-                heapq.heappush(pending, (t + max(0.0, job.est_remaining_s), h, need, job.run_id))
-        return None
+                before = free[h]
+                free[h] = before - need
+                for k in range(before - need + 1, min(before, top) + 1):
+                    at_least[k] -= 1
+                push(pending, (end, h, need, job.run_id))
+        return starts
 
     def borrower(self, team: str, pool: str) -> bool:
         return self.usage.get((team, pool), 0) > self.quota.get((team, pool), 0)
@@ -789,11 +866,11 @@ class _Pass:
         releases.sort()  # once for every victim's estimate
         impacts = []
         auto = True
-        ahead = self.waiting_in(lane, exclude=job.run_id) + victims
+        resumes = self.expected_starts(lane, job, victims, free, releases)
         for v in sorted(victims, key=lambda v: v.run_id):
             vcls = self.classes[v.class_name]
             auto = auto and _auto_approves(vcls, v)
-            resume = self.expected_start(lane, v, ahead, free, releases)
+            resume = resumes[v.run_id]
             age = (
                 v.last_checkpoint_age_s if v.last_checkpoint_age_s is not None else v.running_for_s
             )

@@ -193,3 +193,25 @@ def test_the_pages_name_their_socket_and_no_longer_poll(
     page = client_as(TEAMMATE_ADMIN).get(reverse(f"scheduling:{name}")).content.decode()
     assert f'data-ws="/ws/scheduling/{name}/"' in page and "scheduling-live.js" in page
     assert 'hx-trigger="live-changed"' in page and 'hx-trigger="every' not in page
+
+
+def test_the_fleet_rings_for_another_teams_runs_without_naming_them(
+    client_as: Any, lab: Lab
+) -> None:
+    got = rings(client_as(OUTSIDER), "fleet", lambda: launch(lab, "someone-elses"))
+    assert got and all(set(m) == {"type", "seq"} for m in got)  # a doorbell, no run in it
+
+
+def test_a_frame_the_socket_cannot_read_closes_it(client_as: Any, people: Any) -> None:
+    client = client_as(TEAMMATE_ADMIN)
+
+    async def go() -> Any:
+        communicator = socket(client, "queue")
+        assert (await communicator.connect(timeout=10))[0]
+        await communicator.send_to(bytes_data=b"\x00")
+        output = await communicator.receive_output(timeout=10)
+        await communicator.disconnect()
+        return output
+
+    output = async_to_sync(go)()
+    assert output["type"] == "websocket.close" and output["code"] == 1003

@@ -419,6 +419,25 @@ def test_a_job_for_any_pool_goes_to_the_pool_with_the_most_idle_capacity():
     assert d.placements[0].allocations[0].gpus == 4
 
 
+def test_a_small_job_joins_the_host_whose_jobs_end_when_it_does():
+    # equal best fit (4 free on each): the host then frees whole at once, not in fragments
+    fleet = fleet_using(("h1", 4), ("h2", 4))
+    early = running(1, {"h1": 4}, est_remaining_s=1000.0)
+    late = running(2, {"h2": 4}, est_remaining_s=5000.0)
+    assert placed(run(fleet, [early, late, job(3, gpus=4, est_remaining_s=4800.0)])) == {3: ["h2"]}
+    assert placed(run(fleet, [early, late, job(3, gpus=4, est_remaining_s=900.0)])) == {3: ["h1"]}
+
+
+def test_a_job_for_any_pool_avoids_the_pool_its_pinned_queue_waits_for():
+    fleet = [host("a1", pool="a100"), host("a2", pool="a100"), host("b1", pool="h100")]
+    jobs = [
+        job(1, gpus=8, pool="a100", class_name="prod", queued_at=0.0),  # takes one a100 host
+        job(2, gpus=8, hosts=2, pool="a100", class_name="prod"),  # waits for both a100 hosts
+        job(3, gpus=2),  # any pool: a100 and h100 have 8 idle GPUs each
+    ]
+    assert placed(run(fleet, jobs)) == {1: ["a1"], 3: ["b1"]}
+
+
 def test_a_pass_leaves_its_inputs_as_they_were():
     import copy
 
