@@ -234,9 +234,11 @@ class ConsoleSink:
                     "policy_version": int(info.get("policy_version", 0)),
                 },
             )
-            services.notify(
-                self.run, "run.checkpoint", {"step": int(info.get("step", 0))}, wait=False
-            )
+            # Also an event: the charts draw a marker at each checkpoint.
+            step = int(info.get("step", 0))
+            reason = str(info.get("reason", ""))[:32]
+            self._record_event("checkpoint.saved", {"step": step, "reason": reason})
+            services.notify(self.run, "run.checkpoint", {"step": step}, wait=False)
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         data = _finite(json.loads(_json(data)))
