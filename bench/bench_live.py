@@ -2,12 +2,15 @@
 measured in the same run.
 
     .venv/bin/python bench/bench_live.py [--clients 50] [--rate 1000] [--seconds 10]
+        [--per-commit 10] [--writers 1]
 
 A real ASGI server (uvicorn) serves `/ws/runs/<id>/`; `--clients` websocket clients log in
 and watch one run; a writer stores events through `ConsoleSink.event` at `--rate` events per
 second (`--per-commit` per transaction: one doorbell each) with each event's commit time.
 Each client records when each event id reaches it in a delta; latency = arrival - commit.
-Every event must reach every client (no notice lost). Baseline: `PUBLISH` to one subscriber
+Every event must reach every client (no notice lost). With ``--writers N`` N processes write at
+once, `--rate / N` each: their transactions commit out of id order, the case that lost events
+when the stream followed ids. Baseline: `PUBLISH` to one subscriber
 on the same Redis, the same number of messages.
 
 The writer runs in a process of its own (``--write``): in the clients' process it shared one
@@ -40,10 +43,12 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--per-commit", type=int, default=10, help="events per transaction")
+    parser.add_argument("--writers", type=int, default=1, help="concurrent writer processes")
     parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # attempt id
+    parser.add_argument("--writer", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write:
-        return _write_process(args.write, args.rate, args.seconds, args.per_commit)
+        return _write_process(args.write, args.rate, args.seconds, args.per_commit, args.writer)
     from console.devservers import PrivateServices
 
     work = Path(tempfile.mkdtemp(prefix="bench-live-", dir=ROOT / "var"))
@@ -70,7 +75,9 @@ def main() -> int:
             cwd=ROOT, env={**env, "DEBUG": "1"},
         )  # fmt: skip
         time.sleep(3)
-        return asyncio.run(_bench(port, args.clients, args.rate, args.seconds, args.per_commit))
+        return asyncio.run(
+            _bench(port, args.clients, args.rate, args.seconds, args.per_commit, args.writers)
+        )
     finally:
         if server is not None:
             server.terminate()
@@ -106,7 +113,9 @@ def _setup() -> tuple[Any, str]:
     return attempt, client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
-async def _bench(port: int, clients: int, rate: int, seconds: float, per_commit: int) -> int:
+async def _bench(
+    port: int, clients: int, rate: int, seconds: float, per_commit: int, writers: int
+) -> int:
     import websockets
     from asgiref.sync import sync_to_async
     from django.conf import settings
@@ -134,14 +143,35 @@ async def _bench(port: int, clients: int, rate: int, seconds: float, per_commit:
                     arrivals[index].setdefault(event["id"], now)
 
     def write() -> None:
-        done = subprocess.run(
-            [sys.executable, __file__, "--write", str(attempt.pk), "--rate", str(rate),
-             "--seconds", str(seconds), "--per-commit", str(per_commit)],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        report = json.loads(done.stdout)
-        committed.update({int(k): v for k, v in report["committed"].items()})
-        written_s.append(report["seconds"])
+        started = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--write",
+                    str(attempt.pk),
+                    "--writer",
+                    str(w),
+                    "--rate",
+                    str(rate // writers),
+                    "--seconds",
+                    str(seconds),
+                    "--per-commit",
+                    str(per_commit),
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for w in range(writers)
+        ]
+        for process in started:
+            out, _ = process.communicate()
+            if process.returncode:
+                raise RuntimeError(f"writer failed ({process.returncode})")
+            report = json.loads(out)
+            committed.update({int(k): v for k, v in report["committed"].items()})
+            written_s.append(report["seconds"])
 
     readies = [asyncio.Event() for _ in range(clients)]
     done = asyncio.Event()
@@ -166,11 +196,12 @@ async def _bench(port: int, clients: int, rate: int, seconds: float, per_commit:
     def pct(values: list[float], q: float) -> float:
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
-    print(f"{clients} clients, {len(committed)} events in {written_s[0]:.1f} s "
-          f"({len(committed) / written_s[0]:.0f} events/s, {per_commit} per commit)")  # fmt: skip
+    print(f"{clients} clients, {len(committed)} events in {max(written_s):.1f} s "
+          f"({len(committed) / max(written_s):.0f} events/s, {per_commit} per commit, "
+          f"{writers} writer(s))")  # fmt: skip
     print(f"  publish-to-browser  p50 {pct(latencies, 0.5):7.1f} ms   "
           f"p99 {pct(latencies, 0.99):7.1f} ms   (aim p99 <= 250 ms)")  # fmt: skip
-    print(f"  lost: {lost} of {expected} deliveries")
+    print(f"  lost={lost} of {expected} deliveries")
     print(f"  Redis PUBLISH round trip  p50 {pct(baseline, 0.5):7.2f} ms   "
           f"p99 {pct(baseline, 0.99):7.2f} ms")  # fmt: skip
     print(f"  p99 ratio: {pct(latencies, 0.99) / pct(baseline, 0.99):.0f}x the Redis round trip")
@@ -178,7 +209,7 @@ async def _bench(port: int, clients: int, rate: int, seconds: float, per_commit:
     return 0 if lost == 0 else 1
 
 
-def _write_process(attempt_id: int, rate: int, seconds: float, per_commit: int) -> int:
+def _write_process(attempt_id: int, rate: int, seconds: float, per_commit: int, writer: int) -> int:
     """The writer: events through `ConsoleSink.event` at `rate` per second; prints each event
     id's commit time as JSON."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -201,9 +232,11 @@ def _write_process(attempt_id: int, rate: int, seconds: float, per_commit: int) 
         with transaction.atomic():
             for _ in range(per_commit):
                 # Through the sink's own path: the row, then the doorbell after commit.
-                sink.event("bench.tick", {"reason": "tick"})
-            ids = list(
-                RunEvent.objects.filter(run_id=attempt.run_id, kind="bench.tick")
+                sink.event("bench.tick", {"reason": "tick", "writer": writer})
+            ids = list(  # this transaction's own (the other writers' may be newer)
+                RunEvent.objects.filter(
+                    run_id=attempt.run_id, kind="bench.tick", data__writer=writer
+                )
                 .order_by("-id")
                 .values_list("id", flat=True)[:per_commit]
             )

@@ -15,12 +15,15 @@ console/routing.py, and broadcast to `team_group(team.id, topic)`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import queue
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
@@ -112,6 +115,17 @@ dropped_notices = 0
 
 
 def _send_soon_forever() -> None:
+    # One event loop for the thread's life: the channel layer keeps its Redis connections per
+    # loop, so `async_to_sync` (a new loop each call) opened a connection for every notice.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    def send(group: str, event: str, payload: dict[str, Any]) -> None:
+        try:
+            loop.run_until_complete(abroadcast(group, event, payload))
+        except Exception:
+            logger.exception("broadcast of %s to %s failed", event, group)
+
     while True:
         waiting = [_soon.get()]
         while True:  # everything queued meanwhile (a transaction's notices arrive together)
@@ -123,7 +137,7 @@ def _send_soon_forever() -> None:
         for i, (group, event, payload, doorbell) in enumerate(waiting):
             # A doorbell goes out where its group's last one was: after every row it announces.
             if not doorbell or last_doorbell[group] == i:
-                _broadcast_logged(group, event, payload)
+                send(group, event, payload)
         for _ in waiting:
             _soon.task_done()
 
@@ -164,6 +178,79 @@ def broadcast_on_commit(
         transaction.on_commit(lambda: _broadcast_logged(group, event, payload))
     else:
         transaction.on_commit(lambda: broadcast_soon(group, event, payload, doorbell=doorbell))
+
+
+class LocalFanout:
+    """One channel-layer subscription per group and server process, shared by that process's
+    pages. A group of 50 pages watching one run otherwise costs 50 Redis messages per
+    broadcast (one per page's own channel, each decoded by its consumer); through the fanout
+    it costs one, handed to each page in memory.
+
+    Pages `join(group, deliver)` and `leave(group, deliver)`; the first join of a group adds a
+    process channel to it (awaited, so a page that has joined misses nothing committed after),
+    the last leave removes it. `deliver(message)` is called in the event loop, in order, and
+    must not block (pages only note that something is new). One fanout per event loop
+    (`for_loop`): the channel layer's connections belong to a loop."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, list[Callable[[dict[str, Any]], None]]] = {}
+        self.channels: dict[str, str] = {}
+        self.readers: dict[str, asyncio.Task[None]] = {}
+        self.lock = asyncio.Lock()
+
+    _by_loop: ClassVar[dict[asyncio.AbstractEventLoop, LocalFanout]] = {}
+
+    @classmethod
+    def for_loop(cls) -> LocalFanout:
+        loop = asyncio.get_running_loop()
+        for other in [old for old in cls._by_loop if old.is_closed()]:
+            del cls._by_loop[other]
+        fanout = cls._by_loop.get(loop)
+        if fanout is None:
+            fanout = cls._by_loop[loop] = cls()
+        return fanout
+
+    async def join(self, group: str, deliver: Callable[[dict[str, Any]], None]) -> None:
+        layer = get_channel_layer()
+        assert layer is not None, "CHANNEL_LAYERS is not configured"
+        async with self.lock:
+            members = self.members.setdefault(group, [])
+            members.append(deliver)
+            if group not in self.channels:
+                # The default prefix: channels_redis pops every process channel with that
+                # prefix in one loop; another prefix would wait behind the pages' own.
+                channel = await layer.new_channel()
+                await layer.group_add(group, channel)
+                self.channels[group] = channel
+                self.readers[group] = asyncio.create_task(self._read(layer, group, channel))
+
+    async def leave(self, group: str, deliver: Callable[[dict[str, Any]], None]) -> None:
+        layer = get_channel_layer()
+        async with self.lock:
+            members = self.members.get(group, [])
+            if deliver in members:
+                members.remove(deliver)
+            if members or group not in self.channels:
+                return
+            del self.members[group]
+            channel = self.channels.pop(group)
+            reader = self.readers.pop(group)
+            reader.cancel()
+            # Awaited: a receive left half-cancelled keeps the layer's receive lock on this
+            # loop, and the next loop to receive (another test's, say) would wait forever.
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            if layer is not None:
+                await layer.group_discard(group, channel)
+
+    async def _read(self, layer: Any, group: str, channel: str) -> None:
+        while True:
+            message = await layer.receive(channel)
+            for deliver in list(self.members.get(group, [])):
+                try:
+                    deliver(message)
+                except Exception:  # one page's failure must not cut the others off
+                    logger.exception("a page failed to take a broadcast to %s", group)
 
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
@@ -219,6 +306,10 @@ class TeamGroupConsumer(SessionBoundConsumer):
 
     topic: str = ""
     min_role: str = "annotator"
+    # True: the groups are joined through the process's `LocalFanout` (one subscription per
+    # group for every page of the process) and each broadcast reaches `fanout_event`. For
+    # pages that only take broadcasts as doorbells; False: through this socket's own channel.
+    local_fanout: bool = False
 
     groups_joined: list[str]
 
@@ -251,15 +342,25 @@ class TeamGroupConsumer(SessionBoundConsumer):
             return
         await self.join_session_group()
         for group in await self.groups_for(team_id, url_kwargs):
-            await self.channel_layer.group_add(group, self.channel_name)
+            if self.local_fanout:
+                await LocalFanout.for_loop().join(group, self.fanout_event)
+            else:
+                await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         await self.leave_session_group()
         for group in getattr(self, "groups_joined", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
+            if self.local_fanout:
+                await LocalFanout.for_loop().leave(group, self.fanout_event)
+            else:
+                await self.channel_layer.group_discard(group, self.channel_name)
         self.groups_joined = []
+
+    def fanout_event(self, message: dict[str, Any]) -> None:
+        """A broadcast through the `LocalFanout` (called in the loop; must not block)."""
+        asyncio.get_running_loop().create_task(self.broadcast_event(message))
 
     async def broadcast_event(self, message: dict[str, Any]) -> None:
         await self.send_json({"event": message["event"], **message["payload"]})

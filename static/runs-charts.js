@@ -138,9 +138,24 @@
   }
 
   // Zoom shared by a page's charts: a range dragged on one is set on the others, and a
-  // double-click resets them all. Only the user's own zoom (a drag selection is showing) is
-  // passed on: the rescaling after new points is each chart's own. `plots` lists the page's
-  // uPlot instances.
+  // double-click resets them all. A user's zoom is an x range narrower than the chart's own
+  // points (uPlot's own rescaling after new points always spans them all, and a synced drag
+  // can reach a chart with the selection already cleared, so the range is what tells). The
+  // page's zoom is kept in `zoom.range` (null: the whole run), so new points or a rebuilt
+  // chart keep it (`setData`, `keepZoom`). `plots` lists the page's uPlot instances.
+  const zoom = { range: null };
+  let applying = false;
+  function keepZoom(plot) {
+    if (!zoom.range || !plot.scales.x) return;
+    applying = true;
+    try { plot.setScale("x", { min: zoom.range.min, max: zoom.range.max }); } finally { applying = false; }
+  }
+  // New points into a chart: with a zoom, the scales are not reset to the whole run first.
+  function setData(plot, data) {
+    if (!zoom.range) { plot.setData(data); return; }
+    plot.setData(data, false);
+    keepZoom(plot);
+  }
   function zoomSync(plots) {
     let busy = false;
     function each(u, fn) {
@@ -151,19 +166,70 @@
     return {
       hooks: {
         setScale: (u, key) => {
-          if (key !== "x" || !(u.select && u.select.width > 0)) return;
+          if (key !== "x" || applying || busy) return;
+          const xs = u.data[0];
+          if (!xs || !xs.length) return;
           const { min, max } = u.scales.x;
+          if (min <= xs[0] && max >= xs[xs.length - 1]) return; // the whole chart: no zoom
+          zoom.range = { min, max };
           each(u, (other) => other.setScale("x", { min, max }));
         },
         ready: (u) => {
-          u.over.addEventListener("dblclick", () => each(u, (other) => {
-            const xs = other.data[0];
-            if (xs.length) other.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
-          }));
+          u.over.addEventListener("dblclick", () => {
+            zoom.range = null;
+            each(u, (other) => {
+              const xs = other.data[0];
+              if (xs.length) other.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
+            });
+          });
         },
       },
     };
   }
 
-  window.RunCharts = { CHARTS, COLORS, ema, lines, options, figure, smoothingControl, zoomSync, settings };
+  // Event markers (started, resumed, preempted, overrides, checkpoints, attempts on a host):
+  // a dashed line at each event's step, in the event's `color` when it has one (the compare
+  // page colours by run), with the events near the cursor in a tooltip (`label`, the step,
+  // the kind, the reason). `events()` returns the page's current list.
+  const tip = document.createElement("div");
+  tip.className = "marker-tip";
+  tip.hidden = true;
+  if (document.body) document.body.appendChild(tip);
+  else document.addEventListener("DOMContentLoaded", () => document.body.appendChild(tip));
+  function markers(events) {
+    return {
+      hooks: {
+        draw: (u) => {
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.setLineDash([4, 4]);
+          ctx.lineWidth = 1;
+          for (const e of events()) {
+            if (e.step === null || e.step === undefined) continue;
+            const x = Math.round(u.valToPos(e.step, "x", true));
+            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+            ctx.strokeStyle = e.color ? e.color + "b3" : "rgba(120,120,120,.7)";
+            ctx.beginPath();
+            ctx.moveTo(x, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + u.bbox.height);
+            ctx.stroke();
+          }
+          ctx.restore();
+        },
+        setCursor: (u) => {
+          const left = u.cursor.left;
+          if (left == null || left < 0) { tip.hidden = true; return; }
+          const near = events().filter((e) => e.step !== null && e.step !== undefined && Math.abs(u.valToPos(e.step, "x") - left) <= 4);
+          if (!near.length) { tip.hidden = true; return; }
+          tip.textContent = near.map((e) => `${e.label ? e.label + ": " : ""}step ${e.step}: ${e.kind}${e.reason ? " — " + e.reason : ""}`).join("\n");
+          const box = u.over.getBoundingClientRect();
+          tip.style.left = `${window.scrollX + box.left + left + 8}px`;
+          tip.style.top = `${window.scrollY + box.top + 4}px`;
+          tip.hidden = false;
+        },
+      },
+    };
+  }
+
+  window.RunCharts = { CHARTS, COLORS, ema, lines, options, figure, smoothingControl, zoomSync, zoom, keepZoom, setData, markers, settings };
 })();

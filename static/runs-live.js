@@ -29,10 +29,6 @@
   const statusEl = document.getElementById("live-status");
   const chartsEl = document.getElementById("live-charts");
   const feedEl = document.getElementById("live-feed");
-  const tip = document.createElement("div");
-  tip.className = "marker-tip";
-  tip.hidden = true;
-  document.body.appendChild(tip);
 
   function say(text) { if (statusEl) statusEl.textContent = text; }
 
@@ -58,40 +54,7 @@
   }
 
   // --- charts -----------------------------------------------------------------------------
-  function markersPlugin() {
-    return {
-      hooks: {
-        draw: (u) => {
-          const ctx = u.ctx;
-          ctx.save();
-          ctx.strokeStyle = "rgba(120,120,120,.7)";
-          ctx.setLineDash([4, 4]);
-          ctx.lineWidth = 1;
-          for (const e of events) {
-            if (e.step === null) continue;
-            const x = Math.round(u.valToPos(e.step, "x", true));
-            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
-            ctx.beginPath();
-            ctx.moveTo(x, u.bbox.top);
-            ctx.lineTo(x, u.bbox.top + u.bbox.height);
-            ctx.stroke();
-          }
-          ctx.restore();
-        },
-        setCursor: (u) => {
-          const left = u.cursor.left;
-          if (left == null || left < 0) { tip.hidden = true; return; }
-          const near = events.filter((e) => e.step !== null && Math.abs(u.valToPos(e.step, "x") - left) <= 4);
-          if (!near.length) { tip.hidden = true; return; }
-          tip.textContent = near.map((e) => `step ${e.step}: ${e.kind}${e.reason ? " — " + e.reason : ""}`).join("\n");
-          const box = u.over.getBoundingClientRect();
-          tip.style.left = `${window.scrollX + box.left + left + 8}px`;
-          tip.style.top = `${window.scrollY + box.top + 4}px`;
-          tip.hidden = false;
-        },
-      },
-    };
-  }
+  function markersPlugin() { return window.RunCharts.markers(() => events); }
 
   function chartData(keys) {
     const steps = new Set();
@@ -121,6 +84,7 @@
       plugins: [markersPlugin(), window.RunCharts.zoomSync(() => [...charts.values()].map((c) => c.plot).filter(Boolean))],
     });
     entry.plot = new uPlot(opts, [xs, ...lines], entry.plotEl);
+    window.RunCharts.keepZoom(entry.plot);
   }
 
   function chartLines(def, keys) {
@@ -144,7 +108,9 @@
       if (!keys.length) continue;
       const entry = charts.get(def.id);
       if (!entry || entry.keys.join("\n") !== keys.join("\n")) makeChart(def, keys);
-      else entry.plot.setData(chartLines(def, keys));
+      else {
+        window.RunCharts.setData(entry.plot, chartLines(def, keys)); // the user's zoom stays
+      }
     }
     for (const entry of charts.values()) entry.el.dataset.points = String(entry.plot.data[0].length);
     chartsEl.dataset.points = String([...data.values()].reduce((n, m) => n + m.size, 0));
@@ -254,6 +220,7 @@
   window.runLive = {
     close: () => socket && socket.close(),
     points: () => [...data.values()].reduce((n, m) => n + m.size, 0),
+    plot: (id) => charts.get(id).plot,
     chart: (id) => { const c = charts.get(id); return c && { series: c.plot.series.length - 1, distr: c.plot.scales.y.distr, x: [c.plot.scales.x.min, c.plot.scales.x.max] }; },
   };
   connect();

@@ -43,6 +43,7 @@ import contextlib
 import hashlib
 import json
 import math
+import socket
 import time
 import traceback
 from collections.abc import Sequence
@@ -309,6 +310,8 @@ class _Timeline:
     rank: int
     started: float = field(default_factory=time.perf_counter)
     spans: list[dict[str, Any]] = field(default_factory=list)
+    # Each span names its machine: a run over several hosts draws one lane group per host.
+    host: str = field(default_factory=socket.gethostname)
 
     def mark(self, stage: str, start: float, end: float, **extra: float) -> None:
         """Adds ``stage`` (``time.perf_counter`` instants) to the timeline."""
@@ -318,6 +321,7 @@ class _Timeline:
                 "start_s": round(start - self.started, 6),
                 "end_s": round(end - self.started, 6),
                 "rank": self.rank,
+                "host": self.host,
                 **{k: round(v, 6) for k, v in extra.items()},
             }
         )
@@ -664,6 +668,11 @@ class _Run:
         rollouts = self.rollout_and_score()
         started = time.perf_counter()
         recomputed = self.recompute(rollouts.trained, algorithm)
+        updating = started
+        if (recomputed.ref_logprobs, recomputed.old_logprobs, recomputed.values) != (None,) * 3:
+            # The reference/old log-prob (and value) passes, apart from the update they feed.
+            updating = time.perf_counter()
+            self.timeline.mark("logprobs", started, updating)
         advantages = compute_step_advantages(rollouts.trained, recomputed, algorithm, self.kl_coef)
         for sample, kept in zip(rollouts.trained, advantages.keep, strict=True):
             if not kept:
@@ -672,8 +681,8 @@ class _Run:
             rollouts.trained, advantages, recomputed, reuse=self.reuses_batch
         )
         update = self.update(batch, algorithm)
-        train_s = time.perf_counter() - started
-        self.timeline.mark("train", started, started + train_s)
+        train_s = time.perf_counter() - started  # the metric: recompute and update
+        self.timeline.mark("train", updating, started + train_s)
         self.step += 1
         started = time.perf_counter()
         sync_s = self.sync_weights()
@@ -765,7 +774,6 @@ class _Run:
             "timing_s/weight_sync": sync_s,
             "timing_s/step": time.perf_counter() - self.timeline.started,
         }
-        timeline = _gather(self.timeline.spans, self.world)
         records = _gather([self.sample_record(s) for s in rollouts.samples], self.world)
         trajectories = _gather([self.trajectory(s) for s in rollouts.samples], self.world)
         metrics = sample_metrics(records)
@@ -794,14 +802,20 @@ class _Run:
             metrics[f"mix/{name}/prompts"] = float(sum(1 for d, _ in rollouts.drawn if d == name))
         self.sink.trajectories(trajectories)
         self.sink.metrics(self.step, metrics)
-        self.sink.event(
-            "step.timeline",
-            {"step": self.step, "step_s": round(timings["timing_s/step"], 6), "stages": timeline},
-        )
+        self.step_s = timings["timing_s/step"]
         change = self.collapse.observe(self.step, metrics)
         if change is not None:
             self.sink.event(*change)
         return metrics
+
+    def end_step(self) -> None:
+        """Sends the step's timeline, every rank's spans (after the step's checkpoint, whose
+        span it includes: ``step_s`` is the step without it, as ``timing_s/step``)."""
+        timeline = _gather(self.timeline.spans, self.world)
+        self.sink.event(
+            "step.timeline",
+            {"step": self.step, "step_s": round(self.step_s, 6), "stages": timeline},
+        )
 
     # -------------------------------------------------------------- rollout (with reward)
 
@@ -1039,7 +1053,10 @@ def run(spec: RunSpec, sink: Sink, control: Control) -> RunOutcome:
             last = state.train_step()
             every = spec.checkpoint.every_steps
             if every and state.step % every == 0 and state.step < spec.max_steps:
+                saving = time.perf_counter()
                 state.save("periodic")
+                state.timeline.mark("checkpoint", saving, time.perf_counter())
+            state.end_step()
             if spec.eval.every_steps and state.step % spec.eval.every_steps == 0:
                 state.evaluate()
         else:

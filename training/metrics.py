@@ -27,11 +27,14 @@ The step as a timeline: after each step's metrics the loop sends a ``step.timeli
 stage and rank (every rank's, gathered on rank 0), start and end in seconds from the step's
 start. Stages: ``rollout``, ``tools`` (only when tool calls ran; it spans the same wall time as
 its rollout round, since an episode interleaves generation and tools), ``reward`` (those three
-once per generation round, with ``round``: DAPO's dynamic sampling runs several), ``train`` and
-``weight_sync``. ``rollout`` and ``tools`` spans carry ``busy_s``, the seconds each stage itself
-took in that window (what ``timing_s/rollout`` and ``timing_s/tools`` sum); for the others
-``end_s - start_s`` summed over the step is ``timing_s/<stage>``. Held-out evaluation runs
-between steps and is not on the timeline.
+once per generation round, with ``round``: DAPO's dynamic sampling runs several),
+``logprobs`` (the reference/old log-prob and value passes, only when the step runs any),
+``train`` (the update), ``weight_sync`` and ``checkpoint`` (a periodic save after the step; it
+ends after ``step_s``, which stays ``timing_s/step``). Every span names its ``host``.
+``rollout`` and ``tools`` spans carry ``busy_s``, the seconds each stage itself took in that
+window (what ``timing_s/rollout`` and ``timing_s/tools`` sum); ``logprobs`` and ``train``
+together are ``timing_s/train``; for the others ``end_s - start_s`` summed over the step is
+``timing_s/<stage>``. Held-out evaluation runs between steps and is not on the timeline.
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ class RunLiveConsumer(TeamGroupConsumer):
     as for a run that does not exist."""
 
     topic = "runs"
+    local_fanout = True  # the run's doorbells: one subscription per server process
 
     run_id: int
     cursors: live.Cursors | None = None
@@ -175,6 +176,9 @@ class RunLiveConsumer(TeamGroupConsumer):
         self._ring()
 
     async def broadcast_event(self, message: dict[str, Any]) -> None:
+        self._ring()
+
+    def fanout_event(self, message: dict[str, Any]) -> None:
         self._ring()
 
     def _ring(self) -> None:
@@ -278,6 +282,7 @@ class RunListConsumer(TeamGroupConsumer):
     are gathered into one more read."""
 
     topic = services.RUNS_TOPIC
+    local_fanout = True  # doorbells carrying a run id: one subscription per server process
 
     seq = 0
     filters: selectors.RunListFilters
@@ -324,6 +329,9 @@ class RunListConsumer(TeamGroupConsumer):
         return  # the page sends nothing
 
     async def broadcast_event(self, message: dict[str, Any]) -> None:
+        self.fanout_event(message)
+
+    def fanout_event(self, message: dict[str, Any]) -> None:
         run_id = message.get("payload", {}).get("run")
         if isinstance(run_id, int):
             self.dirty.add(run_id)

@@ -91,6 +91,8 @@ def _number(value: Any) -> float | None:
 def _event(event: RunEvent) -> dict[str, Any]:
     data = event.data if isinstance(event.data, dict) else {}
     reason = data.get("reason") or data.get("error") or ""
+    if data.get("host") and not reason:  # an attempt placed on a host: where the run moved
+        reason = f"attempt {data.get('attempt', '?')} on {data['host']}"
     return {
         "id": event.pk,
         "kind": event.kind,

@@ -111,6 +111,17 @@ def run_checkpoints(*, run: Run) -> QuerySet[Checkpoint]:
     return Checkpoint.objects.filter(run=run).select_related("attempt").order_by("step", "id")
 
 
+def run_checkpoints_newest(*, run: Run, limit: int) -> tuple[list[Checkpoint], bool]:
+    """The run's newest `limit` checkpoints, newest first, and whether it has older ones (a
+    long run saves hundreds: the page shows the newest, the API lists every one)."""
+    rows = list(
+        Checkpoint.objects.filter(run=run)
+        .select_related("attempt")
+        .order_by("-step", "-id")[: limit + 1]
+    )
+    return rows[:limit], len(rows) > limit
+
+
 def checkpoint_get(*, pk: int) -> Checkpoint:
     return Checkpoint.objects.select_related("run", "run__team").get(pk=pk)
 

@@ -234,13 +234,20 @@ class ConsoleSink:
                     "policy_version": int(info.get("policy_version", 0)),
                 },
             )
-            services.notify(
-                self.run, "run.checkpoint", {"step": int(info.get("step", 0))}, wait=False
-            )
+            # Also an event: the charts draw a marker at each checkpoint.
+            step = int(info.get("step", 0))
+            reason = str(info.get("reason", ""))[:32]
+            self._record_event("checkpoint.saved", {"step": step, "reason": reason})
+            services.notify(self.run, "run.checkpoint", {"step": step}, wait=False)
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         data = _finite(json.loads(_json(data)))
-        with transaction.atomic():
+        if kind not in ("run.started", "sink.trajectories_dropped"):
+            # One row: no transaction of its own, nor a savepoint inside a caller's (the
+            # INSERT alone, instead of a BEGIN or SAVEPOINT and a COMMIT or RELEASE around it).
+            self._record_event(kind, data)
+            return
+        with transaction.atomic(savepoint=False):
             if kind == "run.started":
                 start = int(data.get("step") or 0)
                 # Steps after the checkpoint this attempt resumed from are produced again.
@@ -261,15 +268,18 @@ class ConsoleSink:
                 Run.objects.filter(pk=self.run.pk).update(
                     dropped_trajectories=F("dropped_trajectories") + int(data.get("dropped", 1))
                 )
-            services.record_event(self.run, kind, data, attempt=self.attempt)
-            # The run's page only; the lists hear of state changes (services' run.state).
-            services.notify(
-                self.run,
-                "run.event",
-                {"kind": kind, "step": data.get("step")},
-                to_lists=False,
-                wait=False,
-            )
+            self._record_event(kind, data)
+
+    def _record_event(self, kind: str, data: dict[str, Any]) -> None:
+        services.record_event(self.run, kind, data, attempt=self.attempt)
+        # The run's page only; the lists hear of state changes (services' run.state).
+        services.notify(
+            self.run,
+            "run.event",
+            {"kind": kind, "step": data.get("step")},
+            to_lists=False,
+            wait=False,
+        )
 
 
 class ConsoleControl:

@@ -39,6 +39,7 @@ METRIC_COLUMNS = ("reward/mean", "pass_rate", "response_length/mean", "actor/kl"
 EVAL_COLUMNS = ("eval/reward/mean", "eval/reward/sem", "eval/pass_rate")
 METRIC_ROWS = 20
 EVENT_ROWS = 50
+CHECKPOINT_ROWS = 20  # the newest; a run saving every 1,000 steps has 80 at step 80k
 POLL_SECONDS = 3
 # The compare page's colour per run, in order (the same list as COLORS in static/runs-charts.js).
 COMPARE_COLOURS = (
@@ -263,12 +264,16 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         return render(request, "runs/run_detail.html#live", _live_context(run))
     domains = [entry["slug"] for entry in run.pins.get("domains", [])]
     live_context = _live_context(run)
+    checkpoints, older_checkpoints = selectors.run_checkpoints_newest(
+        run=run, limit=CHECKPOINT_ROWS
+    )
     context = {
         **live_context,
         **_metric_table(run),
         "pins": run.pins.get("domains", []),
         "events": selectors.run_events_newest(run=run, limit=EVENT_ROWS),
-        "checkpoints": selectors.run_checkpoints(run=run),
+        "checkpoints": checkpoints,
+        "older_checkpoints": older_checkpoints,
         "can_write": _can_write(membership),
         "promote_form": forms.PromoteForm(),
         "command_form": forms.CommandForm(),

@@ -330,6 +330,37 @@ def test_a_restarted_attempt_tells_the_page_to_drop_what_came_after_its_checkpoi
     assert got["again"]["series"]["reward/mean"] == [[2, 0.2]]
 
 
+def test_pages_of_one_process_share_one_subscription_to_the_run(
+    client_as: Any, attempt: Attempt
+) -> None:
+    from channels.layers import get_channel_layer
+
+    client = client_as(OWNER)
+    layer = get_channel_layer()
+    group = services.run_group(attempt.run_id)
+
+    async def members() -> int:
+        return int(await layer.connection(0).zcard(layer._group_key(group)))
+
+    async def scenario() -> tuple[list[int], list[dict[str, Any]]]:
+        pages = [socket(client, attempt.run_id) for _ in range(3)]
+        counts = []
+        for page in pages:
+            assert (await page.connect(timeout=10))[0]
+            await page.receive_json_from(timeout=10)
+            counts.append(await members())
+        await write(ConsoleSink(attempt), "metrics", 1, train_metrics(1))
+        deltas = [await page.receive_json_from(timeout=10) for page in pages]
+        for page in pages:
+            await page.disconnect()
+        counts.append(await members())
+        return counts, deltas
+
+    counts, deltas = async_to_sync(scenario)()
+    assert counts == [1, 1, 1, 0]  # one channel in Redis for three pages; none once they left
+    assert all(d["series"]["reward/mean"] == [[1, 0.1]] for d in deltas)
+
+
 def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
     client_as: Any, attempt: Attempt
 ) -> None:

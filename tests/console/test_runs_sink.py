@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from console.runs import services
-from console.runs.models import Attempt, Checkpoint, Host, MetricRow, Run, TrajectoryRecord
+from console.runs.models import (
+    Attempt,
+    Checkpoint,
+    Host,
+    MetricRow,
+    Run,
+    RunEvent,
+    TrajectoryRecord,
+)
 from console.runs.sink import ConsoleControl, ConsoleSink
 
 pytestmark = pytest.mark.django_db
@@ -158,6 +166,9 @@ def test_a_preemption_right_after_a_periodic_save_is_recorded_as_the_preemption(
     sink.checkpoint({"step": 16, "path": "/ckpt/step-16", "reason": "preempt"})
     saved = Checkpoint.objects.get(run=attempt.run)
     assert (saved.step, saved.reason) == (16, "preempt")
+    # Each save is also an event, a marker on the run's charts.
+    events = RunEvent.objects.filter(run=attempt.run, kind="checkpoint.saved").order_by("id")
+    assert [(e.step, e.data["reason"]) for e in events] == [(16, "periodic"), (16, "preempt")]
 
 
 def test_a_sample_with_a_nul_character_is_stored_with_the_rest_of_its_batch(attempt):

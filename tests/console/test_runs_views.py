@@ -414,6 +414,20 @@ def test_the_run_page_shows_pins_attempts_metrics_checkpoints_and_logs(
     assert 'hx-trigger="every' not in content and "Cancel…" not in content
 
 
+def test_the_run_page_lists_only_the_newest_checkpoints(owner_client: Client, lab: Lab) -> None:
+    for step in range(3, 28):
+        Checkpoint.objects.create(
+            run=lab.run, attempt=lab.checkpoint.attempt, step=step, path=f"/c/{step}",
+            reason="periodic",
+        )  # fmt: skip
+    response = owner_client.get(reverse("runs:run_detail", args=[lab.run.pk]))
+    shown = [c.step for c in response.context["checkpoints"]]
+    assert shown == list(range(27, 7, -1))  # 20 of 26, newest first
+    content = response.content.decode()
+    assert content.count("Promote to model") == 20
+    assert f"/api/runs/{lab.run.pk}/checkpoints" in content  # where every one is
+
+
 def test_the_annotator_sees_the_run_without_controls(
     teammate_annotator_client: Client, lab: Lab
 ) -> None:

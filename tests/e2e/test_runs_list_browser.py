@@ -146,6 +146,23 @@ def test_the_compare_page_overlays_two_runs_with_smoothing_and_a_log_scale(
     assert page.evaluate("window.runCompare.chart('kl').distr") == 3
     assert page.evaluate("window.runCompare.chart('entropy').distr") == 1
 
+    # Live: a step and a checkpoint of the first run arrive over its stream, as a point on
+    # the chart and a marker, without a reload.
+    page.wait_for_function("window.runCompare.live()")
+    assert page.evaluate("window.runCompare.events()") == 0
+    before = int(page.locator("#chart-kl").get_attribute("data-points") or 0)
+    host = Host.objects.create(name="compare-host", cpu_slots=1)
+    sink = ConsoleSink(Attempt.objects.create(run=first, number=1, host=host, state="running"))
+    sink.metrics(21, metrics(21))
+    sink.checkpoint({"step": 21, "path": "/c/21", "reason": "periodic"})
+    flush_soon()
+    page.wait_for_function(
+        f"Number(document.getElementById('chart-kl').dataset.points) === {before + 1}"
+    )
+    page.wait_for_function("window.runCompare.events() === 1")
+    row = page.locator(f"#compare-runs tr.compare-run[data-run='{first.pk}'] td.num")
+    assert row.inner_text() == "21/20"
+
 
 def test_the_run_page_charts_smooth_and_switch_to_a_log_scale(
     page: Any, people: Any, live_server_url: str, tmp_path: Path
@@ -173,3 +190,27 @@ def test_the_run_page_charts_smooth_and_switch_to_a_log_scale(
     sink.metrics(11, metrics(11))
     flush_soon()
     page.wait_for_function("document.getElementById('chart-kl').dataset.points === '11'")
+
+    # A zoom (steps 3 to 6 dragged on the reward chart) stays while new points arrive.
+    over = page.locator("#chart-reward .u-over").bounding_box()
+    xs = page.evaluate(
+        "(() => { const u = window.runLive.plot('reward');"
+        " return [u.valToPos(3, 'x'), u.valToPos(6, 'x')]; })()"
+    )
+    y = over["y"] + over["height"] / 2
+    page.mouse.move(over["x"] + xs[0], y)
+    page.mouse.down()
+    page.mouse.move(over["x"] + (xs[0] + xs[1]) / 2, y)
+    page.mouse.move(over["x"] + xs[1], y)
+    page.mouse.up()
+    low, high = page.evaluate("window.runLive.chart('kl').x")
+    assert 2 < low < 4 and 5 < high < 7
+    for step in (12, 13):
+        sink.metrics(step, metrics(step))
+    flush_soon()
+    page.wait_for_function("document.getElementById('chart-kl').dataset.points === '13'")
+    for chart in ("reward", "kl"):
+        low, high = page.evaluate(f"window.runLive.chart('{chart}').x")
+        assert 2 < low < 4 and 5 < high < 7, chart
+    page.locator("#chart-kl .u-over").dblclick()
+    assert page.evaluate("window.runLive.chart('reward').x") == [1, 13]

@@ -83,7 +83,7 @@ def test_two_ranks_train_in_step_and_rank_0_reports_the_whole_batch(tiny_model_d
     for timeline in timelines:
         for rank in (0, 1):
             mine = [s["stage"] for s in timeline["stages"] if s["rank"] == rank]
-            assert mine == ["rollout", "reward", "train", "weight_sync"], timeline
+            assert mine == ["rollout", "reward", "logprobs", "train", "weight_sync"], timeline
     trajectories = (out / "trajectories.jsonl").read_text().splitlines()
     assert len(trajectories) == 2 * 4 * 2  # both ranks' samples, gathered on rank 0
     groups = {json.loads(t)["provenance"]["group"] for t in trajectories[:8]}

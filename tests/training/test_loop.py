@@ -4,6 +4,7 @@ domain mixing, trajectories with provenance, failures reported rather than raise
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 
@@ -392,6 +393,7 @@ def test_each_step_reports_its_stages_as_a_timeline_with_start_and_end(tiny_mode
         stages = payload["stages"]
         assert [s["stage"] for s in stages] == [
             *["rollout", "reward"] * 3,
+            "logprobs",  # the reference's log-probs (the spec's KL)
             "train",
             "weight_sync",
         ]
@@ -408,5 +410,34 @@ def test_each_step_reports_its_stages_as_a_timeline_with_start_and_end(tiny_mode
             return sum(s["end_s"] - s["start_s"] for s in stages if s["stage"] == stage)
 
         # The spans add up to the stage timings the metrics report.
-        for stage in ("rollout", "reward", "train", "weight_sync"):
+        for stage in ("rollout", "reward", "weight_sync"):
             assert total(stage) == pytest.approx(metrics[f"timing_s/{stage}"], abs=1e-4), stage
+        both = total("logprobs") + total("train")
+        assert both == pytest.approx(metrics["timing_s/train"], abs=1e-4)
+        assert {s["host"] for s in stages} == {socket.gethostname()}
+
+
+def test_the_timeline_shows_the_log_prob_passes_and_the_checkpoint_on_its_host(
+    tiny_model_dir, tmp_path
+):
+    # A KL against the reference: the step runs the reference log-prob pass before its update.
+    sink = completed_tiny_run(
+        tiny_model_dir,
+        tmp_path,
+        max_steps=2,
+        kl={"coef": 0.1, "in_reward": True, "estimator": "k1"},
+        algorithm={"algorithm": "reinforce_plus_plus"},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "every_steps": 1, "keep_last": 2},
+    )
+    first, last = [p for kind, p in sink.events if kind == "step.timeline"]
+    stages = [s["stage"] for s in first["stages"]]
+    assert stages == ["rollout", "reward", "logprobs", "train", "weight_sync", "checkpoint"]
+    # The last step's checkpoint is the final one, after the loop: not on a step's timeline.
+    assert [s["stage"] for s in last["stages"]][-1] == "weight_sync"
+    spans = {s["stage"]: s for s in first["stages"]}
+    assert spans["logprobs"]["end_s"] <= spans["train"]["start_s"]
+    assert spans["checkpoint"]["start_s"] >= first["step_s"]  # after the step it saves
+    metrics = sink.metrics_at(1)
+    both = sum(spans[k]["end_s"] - spans[k]["start_s"] for k in ("logprobs", "train"))
+    assert both == pytest.approx(metrics["timing_s/train"], abs=1e-4)
+    assert {s["host"] for s in first["stages"]} == {socket.gethostname()}

@@ -275,4 +275,5 @@ def test_a_step_reports_the_metrics_and_stages_it_always_did(tiny_model_dir, tmp
     assert set(metrics) == GRPO_STEP_METRICS
     assert metrics["actor/grad_norm"] > 0 and metrics["train/skipped"] == 0.0
     [timeline] = [p for kind, p in sink.events if kind == "step.timeline"]
-    assert [s["stage"] for s in timeline["stages"]] == ["rollout", "reward", "train", "weight_sync"]
+    stages = [s["stage"] for s in timeline["stages"]]
+    assert stages == ["rollout", "reward", "logprobs", "train", "weight_sync"]
