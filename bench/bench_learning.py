@@ -51,6 +51,8 @@ class Cell:
     collapsed: bool
     steps_to_learn: int | None
     seconds: float
+    # (step, held-out mean reward) at every periodic eval: whether a rise held or came late.
+    history: list[tuple[int, float]]
 
 
 def parse_lever(text: str) -> dict[str, Any]:
@@ -134,6 +136,7 @@ def one_cell(
         collapsed,
         steps_to_learn,
         seconds,
+        [(step, round(m["eval/reward/mean"], 4)) for step, m in history],
     )
 
 
