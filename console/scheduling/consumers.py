@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from types import SimpleNamespace
 from typing import Any
 
 from channels.db import database_sync_to_async
 
-from console.accounts.access import SESSION_TEAM_KEY
+from console.accounts.access import active_membership
 from console.accounts.models import Membership, Role
 from console.broadcast import (
     CLOSE_UNAUTHENTICATED,
@@ -33,21 +34,17 @@ from console.broadcast import (
     SessionBoundConsumer,
     team_group,
 )
-from console.runs.services import RUNS_TOPIC
+from console.runs.services import RUNS_TOPIC, SCHEDULING_EVENTS
 
 # A pass changes many runs at once: notices within this gap make one ring (one re-read per
 # open page, not one per run).
 RING_GAP_S = 0.25
 
 
-def _active_membership(user: Any, chosen: Any) -> Membership | None:
-    """`console.accounts.access.active_membership` for a socket's scope (no request)."""
-    memberships = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
-    found = list(memberships)
-    for membership in found:
-        if membership.team_id == chosen:
-            return membership
-    return found[0] if found else None
+def _active_membership(scope: dict[str, Any]) -> Membership | None:
+    """The page's team, chosen as for a request (`access.active_membership` reads only the
+    user and the session, which a socket's scope has too)."""
+    return active_membership(SimpleNamespace(user=scope["user"], session=scope["session"]))  # type: ignore[arg-type]
 
 
 class _SchedulingPage(SessionBoundConsumer):
@@ -66,9 +63,7 @@ class _SchedulingPage(SessionBoundConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        session = self.scope.get("session")
-        chosen = session.get(SESSION_TEAM_KEY) if session is not None else None
-        membership = await database_sync_to_async(_active_membership)(user, chosen)
+        membership = await database_sync_to_async(_active_membership)(self.scope)
         if membership is None:
             await self.close(code=4404)
             return
@@ -95,6 +90,10 @@ class _SchedulingPage(SessionBoundConsumer):
         return  # the page sends nothing
 
     async def broadcast_event(self, message: dict[str, Any]) -> None:
+        if message.get("event", "").startswith("run.") and message["event"] not in (
+            SCHEDULING_EVENTS
+        ):
+            return  # a member's team group also carries each step's metrics: not this page's
         if self.ringer is None or self.ringer.done():
             self.ringer = asyncio.create_task(self._ring())
 

@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from console.asgi import application
 from console.broadcast import flush_soon
+from console.runs import services as runs_services
 from console.runs.models import Host, Run
 from console.scheduling import services
 from console.scheduling.models import PreemptionRequest, PriorityClass
@@ -105,6 +106,14 @@ def test_a_members_queue_rings_for_their_teams_runs_and_no_other(client_as: Any,
     assert owner and all(m["type"] == "changed" for m in owner)
     assert outsider == []
     assert admin and admin[0]["type"] == "changed"
+
+
+def test_each_steps_metrics_ring_no_scheduling_page(client_as: Any, lab: Lab) -> None:
+    def metrics() -> None:
+        runs_services.notify(lab.run, "run.metrics", {"step": 3, "keys": ["reward/mean"]})
+
+    for who, page in ((OWNER, "queue"), (TEAMMATE_ADMIN, "queue"), (OWNER, "fleet")):
+        assert rings(client_as(who), page, metrics) == [], (who, page)
 
 
 def test_a_ring_carries_nothing_but_its_sequence(client_as: Any, lab: Lab) -> None:
