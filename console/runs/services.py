@@ -50,6 +50,9 @@ from console.runs.models import (
 logger = logging.getLogger(__name__)
 
 RUNS_TOPIC = "runs"
+# The run notices that change the scheduler's pages (a run queued, placed, stopped, or its
+# waiting reason changed).
+SCHEDULING_EVENTS = frozenset({"run.created", "run.state"})
 
 
 def run_group(run_id: int) -> str:
@@ -66,8 +69,10 @@ def notify(
     payload = {"run": run.pk, **payload}
     if to_lists:
         broadcast_on_commit(team_group(run.team_id, RUNS_TOPIC), event, payload, wait=wait)
-        # The scheduler's fleet-wide pages (queue for admins, fleet): a doorbell, no payload.
-        broadcast_on_commit(FLEET_RUNS_GROUP, event, {}, wait=wait, doorbell=True)
+        if event in SCHEDULING_EVENTS:
+            # The scheduler's fleet-wide pages (queue for admins, fleet): a doorbell, no
+            # payload, and not for each step's metrics (those pages show where runs are).
+            broadcast_on_commit(FLEET_RUNS_GROUP, event, {}, wait=wait, doorbell=True)
     # The run's page only rings its reader (`RunLiveConsumer` reads what is newer): doorbells.
     broadcast_on_commit(run_group(run.pk), event, payload, wait=wait, doorbell=True)
 

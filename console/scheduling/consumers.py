@@ -19,82 +19,67 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from types import SimpleNamespace
 from typing import Any
 
 from channels.db import database_sync_to_async
 
-from console.accounts.access import SESSION_TEAM_KEY
+from console.accounts.access import active_membership
 from console.accounts.models import Membership, Role
 from console.broadcast import (
-    CLOSE_UNAUTHENTICATED,
     FLEET_HOSTS_GROUP,
     FLEET_INBOX_GROUP,
     FLEET_RUNS_GROUP,
-    SessionBoundConsumer,
+    TeamGroupConsumer,
     team_group,
 )
-from console.runs.services import RUNS_TOPIC
+from console.runs.services import RUNS_TOPIC, SCHEDULING_EVENTS
 
 # A pass changes many runs at once: notices within this gap make one ring (one re-read per
 # open page, not one per run).
 RING_GAP_S = 0.25
 
 
-def _active_membership(user: Any, chosen: Any) -> Membership | None:
-    """`console.accounts.access.active_membership` for a socket's scope (no request)."""
-    memberships = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
-    found = list(memberships)
-    for membership in found:
-        if membership.team_id == chosen:
-            return membership
-    return found[0] if found else None
+def _active_membership(scope: dict[str, Any]) -> Membership | None:
+    """The page's team, chosen as for a request (`access.active_membership` reads only the
+    user and the session, which a socket's scope has too)."""
+    return active_membership(SimpleNamespace(user=scope["user"], session=scope["session"]))  # type: ignore[arg-type]
 
 
-class _SchedulingPage(SessionBoundConsumer):
-    min_role: str = Role.ANNOTATOR
+class _SchedulingPage(TeamGroupConsumer):
+    """`TeamGroupConsumer` with the team the pages use: the session's active one (so a
+    socket can be opened only where the page itself opens)."""
 
-    groups_joined: list[str]
+    membership: Membership | None = None
     seq = 0
     ringer: asyncio.Task[None] | None = None
 
-    def groups_for(self, membership: Membership) -> list[str]:
+    def groups_of(self, membership: Membership) -> list[str]:
         raise NotImplementedError
 
-    async def connect(self) -> None:
-        self.groups_joined = []
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        session = self.scope.get("session")
-        chosen = session.get(SESSION_TEAM_KEY) if session is not None else None
-        membership = await database_sync_to_async(_active_membership)(user, chosen)
-        if membership is None:
-            await self.close(code=4404)
-            return
-        if not membership.has_role(self.min_role):
-            await self.close(code=4403)
-            return
-        await self.join_session_group()
-        for group in self.groups_for(membership):
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.append(group)
-        await self.accept()
+    async def team_id_for(self, **url_kwargs: Any) -> int | None:
+        self.membership = await database_sync_to_async(_active_membership)(self.scope)
+        return self.membership.team_id if self.membership is not None else None
+
+    async def groups_for(self, team_id: int, url_kwargs: dict[str, Any]) -> list[str]:
+        assert self.membership is not None
+        return self.groups_of(self.membership)
 
     async def disconnect(self, code: int) -> None:
         if self.ringer is not None and not self.ringer.done():
             self.ringer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.ringer
-        await self.leave_session_group()
-        for group in getattr(self, "groups_joined", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
-        self.groups_joined = []
+        await super().disconnect(code)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         return  # the page sends nothing
 
     async def broadcast_event(self, message: dict[str, Any]) -> None:
+        if message.get("event", "").startswith("run.") and message["event"] not in (
+            SCHEDULING_EVENTS
+        ):
+            return  # a member's team group also carries each step's metrics: not this page's
         if self.ringer is None or self.ringer.done():
             self.ringer = asyncio.create_task(self._ring())
 
@@ -105,19 +90,19 @@ class _SchedulingPage(SessionBoundConsumer):
 
 
 class QueueConsumer(_SchedulingPage):
-    def groups_for(self, membership: Membership) -> list[str]:
+    def groups_of(self, membership: Membership) -> list[str]:
         if membership.has_role(Role.ADMIN):
             return [FLEET_RUNS_GROUP]  # admins see every team's queue
         return [team_group(membership.team_id, RUNS_TOPIC)]
 
 
 class FleetConsumer(_SchedulingPage):
-    def groups_for(self, membership: Membership) -> list[str]:
+    def groups_of(self, membership: Membership) -> list[str]:
         return [FLEET_RUNS_GROUP, FLEET_HOSTS_GROUP]
 
 
 class InboxConsumer(_SchedulingPage):
     min_role = Role.ADMIN
 
-    def groups_for(self, membership: Membership) -> list[str]:
+    def groups_of(self, membership: Membership) -> list[str]:
         return [FLEET_INBOX_GROUP]

@@ -221,6 +221,13 @@ class _Lane:
         self._victims: dict[str, list[tuple[int, float, int, JobView]]] | None = None
         self._fit_hosts: dict[int, int] = {}
         self._ends: dict[str, float] | None = None
+        self._sorted: tuple[int, list[tuple[float, str, int, int]]] | None = None
+
+    def sorted_releases(self) -> list[tuple[float, str, int, int]]:
+        """`releases` sorted by end; sorted again only after this pass placed more jobs."""
+        if self._sorted is None or self._sorted[0] != len(self.placed):
+            self._sorted = (len(self.placed), sorted(self.releases))
+        return self._sorted[1]
 
     @property
     def ends(self) -> dict[str, float]:
@@ -806,7 +813,11 @@ class _Pass:
         for u in free.values():
             for k in range(1, min(u, top) + 1):
                 at_least[k] += 1
-        pending = list(releases)  # sorted by end: a valid heap
+        # the lane's releases (sorted once per pass, victims' skipped) merged with a small
+        # heap of this estimate's own: the requester's and each started job's
+        base = lane.sorted_releases()
+        i, n_base = 0, len(base)
+        pending = sorted(releases)
         pop, push = heapq.heappop, heapq.heappush
         wanted = {v.run_id for v in victims}
         starts: dict[int, float | None] = {v.run_id: None for v in victims}
@@ -815,9 +826,15 @@ class _Pass:
             need = _units(job)
             n = len(job.running_on) if job.run_id in wanted else job.hosts
             while at_least[need] < n:
-                if not pending:
+                while i < n_base and base[i][3] in wanted:
+                    i += 1
+                if i < n_base and (not pending or base[i] < pending[0]):
+                    end, h, units, _ = base[i]
+                    i += 1
+                elif pending:
+                    end, h, units, _ = pop(pending)
+                else:
                     return starts  # the rest never fit
-                end, h, units, _ = pop(pending)
                 before = free[h]
                 free[h] = before + units
                 for k in range(before + 1, min(before + units, top) + 1):
@@ -861,9 +878,7 @@ class _Pass:
         for h in hosts:
             free[h] -= need
         end = self.now + max(0.0, job.est_remaining_s)
-        releases = [r for r in lane.releases if r[3] not in victim_ids]
-        releases += [(end, h, need, job.run_id) for h in hosts]
-        releases.sort()  # once for every victim's estimate
+        releases = [(end, h, need, job.run_id) for h in hosts]  # beside the lane's own
         impacts = []
         auto = True
         resumes = self.expected_starts(lane, job, victims, free, releases)
