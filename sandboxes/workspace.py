@@ -1,7 +1,7 @@
 """The host side of a sandbox's writable storage: a size-limited tmpfs per sandbox.
 
-Layout on the host (``SANDBOXES_ROOT``, default ``/dev/shm/sandboxes`` where /dev/shm is a
-tmpfs, else ``/tmp/sandboxes``)::
+Layout on the host (``SANDBOXES_ROOT``, default ``/dev/shm/sandboxes`` for root where /dev/shm
+is a tmpfs, else ``/tmp/sandboxes``)::
 
     <root>/<name>/        tmpfs, size = disk_mb, inodes = disk_mb * 256 (mode 0711, root)
     <root>/<name>/work    the sandbox's /work (owned by the sandbox uid)
@@ -53,8 +53,12 @@ def _default_root() -> Path:
     removed with the sandbox. On a disk filesystem that rmdir is a journalled metadata change:
     1.5 ms measured here (ext4 with ``discard``), the largest single host-side cost of closing
     a sandbox; on a tmpfs it is microseconds. The root holds only these empty mount points and
-    the sandboxes' copied /etc (~1 MB), so it costs next to no memory.
+    the sandboxes' copied /etc (~1 MB), so it costs next to no memory. Only for root: without
+    root no tmpfs can be mounted, the sandboxes' files would sit in the root itself, and
+    /dev/shm is memory (64 MB in a default container).
     """
+    if os.geteuid() != 0:
+        return Path("/tmp/sandboxes")  # noqa: S108
     shm = "/dev/shm"  # noqa: S108 - planted entries are refused as in /tmp (ensure_private_dir)
     try:
         with open("/proc/self/mounts") as mounts:
