@@ -40,9 +40,22 @@ INODES_PER_MB = 256
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
+#: The default root on disk (before 2026-12-05 the only default; still the one without root).
+DISK_ROOT = Path("/tmp/sandboxes")  # noqa: S108
+
+
 def sandboxes_root() -> Path:
     configured = os.environ.get("SANDBOXES_ROOT")
     return Path(configured) if configured else _default_root()
+
+
+def roots_to_reap() -> list[Path]:
+    """The root, and the disk root too while the default is elsewhere: an owner that ran older
+    code and died left its workspaces there."""
+    root = sandboxes_root()
+    if "SANDBOXES_ROOT" in os.environ or root == DISK_ROOT:
+        return [root]
+    return [root, DISK_ROOT]
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,7 +71,7 @@ def _default_root() -> Path:
     /dev/shm is memory (64 MB in a default container).
     """
     if os.geteuid() != 0:
-        return Path("/tmp/sandboxes")  # noqa: S108
+        return DISK_ROOT
     shm = "/dev/shm"  # noqa: S108 - planted entries are refused as in /tmp (ensure_private_dir)
     try:
         with open("/proc/self/mounts") as mounts:
@@ -67,7 +80,7 @@ def _default_root() -> Path:
         shm_is_tmpfs = False
     if shm_is_tmpfs and os.access(shm, os.W_OK | os.X_OK):
         return Path(shm) / "sandboxes"
-    return Path("/tmp/sandboxes")  # noqa: S108
+    return DISK_ROOT
 
 
 def ensure_private_dir(path: Path) -> None:
