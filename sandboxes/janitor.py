@@ -12,7 +12,7 @@ import threading
 
 from sandboxes.cgroups import manager
 from sandboxes.errors import SandboxError
-from sandboxes.workspace import Workspace, sandboxes_root
+from sandboxes.workspace import Workspace, roots_to_reap
 
 _done = False
 _lock = threading.Lock()
@@ -45,8 +45,9 @@ def reap_stale() -> list[str]:
                 reaped.append(name)
             except SandboxError:
                 continue
-    root = sandboxes_root()
-    if root.is_dir():
+    for root in roots_to_reap():
+        if not root.is_dir():
+            continue
         for entry in root.iterdir():
             if entry.name.startswith("sb-") and not owner_alive(entry.name):
                 try:

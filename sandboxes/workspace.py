@@ -1,7 +1,7 @@
 """The host side of a sandbox's writable storage: a size-limited tmpfs per sandbox.
 
-Layout on the host (``SANDBOXES_ROOT``, default ``/dev/shm/sandboxes`` where /dev/shm is a
-tmpfs, else ``/tmp/sandboxes``)::
+Layout on the host (``SANDBOXES_ROOT``, default ``/dev/shm/sandboxes`` for root where /dev/shm
+is a tmpfs, else ``/tmp/sandboxes``)::
 
     <root>/<name>/        tmpfs, size = disk_mb, inodes = disk_mb * 256 (mode 0711, root)
     <root>/<name>/work    the sandbox's /work (owned by the sandbox uid)
@@ -40,9 +40,22 @@ INODES_PER_MB = 256
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
+#: The default root on disk (before 2026-12-05 the only default; still the one without root).
+DISK_ROOT = Path("/tmp/sandboxes")  # noqa: S108
+
+
 def sandboxes_root() -> Path:
     configured = os.environ.get("SANDBOXES_ROOT")
     return Path(configured) if configured else _default_root()
+
+
+def roots_to_reap() -> list[Path]:
+    """The root, and the disk root too while the default is elsewhere: an owner that ran older
+    code and died left its workspaces there."""
+    root = sandboxes_root()
+    if "SANDBOXES_ROOT" in os.environ or root == DISK_ROOT:
+        return [root]
+    return [root, DISK_ROOT]
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,8 +66,12 @@ def _default_root() -> Path:
     removed with the sandbox. On a disk filesystem that rmdir is a journalled metadata change:
     1.5 ms measured here (ext4 with ``discard``), the largest single host-side cost of closing
     a sandbox; on a tmpfs it is microseconds. The root holds only these empty mount points and
-    the sandboxes' copied /etc (~1 MB), so it costs next to no memory.
+    the sandboxes' copied /etc (~1 MB), so it costs next to no memory. Only for root: without
+    root no tmpfs can be mounted, the sandboxes' files would sit in the root itself, and
+    /dev/shm is memory (64 MB in a default container).
     """
+    if os.geteuid() != 0:
+        return DISK_ROOT
     shm = "/dev/shm"  # noqa: S108 - planted entries are refused as in /tmp (ensure_private_dir)
     try:
         with open("/proc/self/mounts") as mounts:
@@ -63,7 +80,7 @@ def _default_root() -> Path:
         shm_is_tmpfs = False
     if shm_is_tmpfs and os.access(shm, os.W_OK | os.X_OK):
         return Path(shm) / "sandboxes"
-    return Path("/tmp/sandboxes")  # noqa: S108
+    return DISK_ROOT
 
 
 def ensure_private_dir(path: Path) -> None:

@@ -474,6 +474,12 @@ def test_runs_from_several_threads_on_one_sandbox_take_turns():
     assert sorted(log) == ["0", "1", "2", "3"]
 
 
+def _run_until_closed(sandbox: Sandbox, argv: list[str]) -> None:
+    """A run the test ends by closing the sandbox: killed, or refused if the close came first."""
+    with contextlib.suppress(SandboxError):
+        sandbox.run(argv)
+
+
 def _cgroup_lines(pid: int) -> dict[str, str]:
     """/proc/PID/cgroup as {controller: path} (v1 lines name one or more controllers)."""
     paths: dict[str, str] = {}
@@ -502,7 +508,7 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
         if group is None:
             pytest.skip("no cgroup here")
         runner = threading.Thread(
-            target=lambda: sandbox.run(["sh", "-c", "sleep 60 & sleep 61; wait"])
+            target=_run_until_closed, args=(sandbox, ["sh", "-c", "sleep 60 & sleep 61; wait"])
         )
         runner.start()
         sleepers: set[int] = set()
@@ -614,7 +620,7 @@ def test_the_spec_environment_reaches_the_command_but_not_the_launch_or_bwrap(
     sandbox = Sandbox(spec).open()
     try:
         group = sandbox._require().cgroup  # type: ignore[attr-defined]
-        runner = threading.Thread(target=lambda: sandbox.run(["sleep", "60"]))
+        runner = threading.Thread(target=_run_until_closed, args=(sandbox, ["sleep", "60"]))
         runner.start()
         environs: dict[str, bytes] = {}
         deadline = time.monotonic() + 10
@@ -632,3 +638,23 @@ def test_the_spec_environment_reaches_the_command_but_not_the_launch_or_bwrap(
         sandbox.close()
         runner.join(timeout=20)
     assert_nothing_left(sandbox.name)
+
+
+def test_the_janitor_also_reaps_dead_owners_workspaces_under_the_old_disk_root(
+    tmp_path, monkeypatch
+):
+    """The default root moved to /dev/shm; what older code's dead owners left on disk goes."""
+    from sandboxes import janitor, workspace
+
+    monkeypatch.delenv("SANDBOXES_ROOT", raising=False)
+    monkeypatch.setattr(workspace, "DISK_ROOT", tmp_path / "disk-root")
+    monkeypatch.setattr(workspace, "_default_root", lambda: tmp_path / "memory-root")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = tmp_path / "disk-root" / f"sb-{dead.pid}-1-0123abcd"
+    (left / "work").mkdir(parents=True)
+    alive = tmp_path / "disk-root" / f"sb-{os.getpid()}-1-0123abcd"
+    alive.mkdir()
+    assert workspace.roots_to_reap() == [tmp_path / "memory-root", tmp_path / "disk-root"]
+    assert left.name in janitor.reap_stale()
+    assert not left.exists() and alive.exists()
