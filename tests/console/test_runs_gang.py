@@ -216,7 +216,8 @@ def test_each_node_gets_the_rendezvous_and_its_rank_in_its_environment(
     env = agent.job_environment(attempt, [], name="cpu-b", node=1, nodes=2)
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "31000"
     assert (env["NODE_RANK"], env["NNODES"], env["RANK"], env["WORLD_SIZE"]) == ("1", "2", "1", "2")
-    assert env["CONSOLE_HOST_NAME"] == "cpu-b" and env["TRAINING_DIST_BACKEND"] == "gloo"
+    assert env["CONSOLE_HOST_NAME"] == env["TRAINING_HOST_NAME"] == "cpu-b"
+    assert env["TRAINING_DIST_BACKEND"] == "gloo"
     assert agent.job_command(attempt, [], node=1, nodes=2)[-2:] == ["run_attempt", str(attempt.pk)]
     # Several GPUs on each host: torchrun joins the nodes (node k holds ranks k*g ..).
     command = agent.job_command(attempt, [0, 1], node=1, nodes=2)
