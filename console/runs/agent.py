@@ -173,12 +173,15 @@ def job_command(attempt: Attempt, gpus: list[int], *, node: int = 0, nodes: int 
 def job_environment(
     attempt: Attempt, gpus: list[int], *, name: str, node: int = 0, nodes: int = 1
 ) -> dict[str, str]:
-    """The job's environment: the host's identity (``CONSOLE_HOST_NAME``, which a rank may put
-    on what it reports), the distributed backend, its GPUs, and for a gang the rendezvous."""
+    """The job's environment: the host's identity (``CONSOLE_HOST_NAME``; and, for the
+    training library, which knows nothing of the console, ``TRAINING_HOST_NAME``: what a rank
+    may put on what it reports, as two agents on one machine share its hostname), the
+    distributed backend, its GPUs, and for a gang the rendezvous."""
     env = {
         **os.environ,
         AGENT_PID_ENV: str(os.getpid()),
         HOST_NAME_ENV: name,
+        "TRAINING_HOST_NAME": name,
         "PYTHONUNBUFFERED": "1",
         "TRAINING_DIST_BACKEND": settings.RUNS_DIST_BACKEND,
     }

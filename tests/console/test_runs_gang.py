@@ -216,7 +216,8 @@ def test_each_node_gets_the_rendezvous_and_its_rank_in_its_environment(
     env = agent.job_environment(attempt, [], name="cpu-b", node=1, nodes=2)
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "31000"
     assert (env["NODE_RANK"], env["NNODES"], env["RANK"], env["WORLD_SIZE"]) == ("1", "2", "1", "2")
-    assert env["CONSOLE_HOST_NAME"] == "cpu-b" and env["TRAINING_DIST_BACKEND"] == "gloo"
+    assert env["CONSOLE_HOST_NAME"] == env["TRAINING_HOST_NAME"] == "cpu-b"
+    assert env["TRAINING_DIST_BACKEND"] == "gloo"
     assert agent.job_command(attempt, [], node=1, nodes=2)[-2:] == ["run_attempt", str(attempt.pk)]
     # Several GPUs on each host: torchrun joins the nodes (node k holds ranks k*g ..).
     command = agent.job_command(attempt, [0, 1], node=1, nodes=2)
@@ -307,3 +308,24 @@ def test_a_node_no_agent_claims_in_time_loses_the_gang(fleet: Lab, settings: Any
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.LOST and "did not start" in attempt.error
     assert attempt.allocations.get(node_rank=1).state == AllocationState.LOST
+
+
+def test_rank_0_tells_a_dead_peer_from_its_own_failure(fleet: Lab) -> None:
+    run = launch(fleet, "pair", hosts=2)
+    services.schedule_pass()
+    attempt = attempt_of(run)
+    make_running(Run.objects.get(pk=run.pk))
+    Allocation.objects.filter(attempt=attempt).update(state=AllocationState.RUNNING)
+    one = attempt.allocations.get(node_rank=1)
+    # The peer still runs and beats: no verdict within the wait (the failure is the run's).
+    assert runs_services.gang_peer_lost(attempt=attempt, node=0, wait_s=0) == ""
+    # Its ranks ended cleanly (they fail with rank 0 and exit 0): the failure is the run's.
+    Allocation.objects.filter(pk=one.pk).update(state=AllocationState.EXITED, exit_code=0)
+    assert runs_services.gang_peer_lost(attempt=attempt, node=0, wait_s=5) == ""
+    # It was killed: rank 0 leaves the verdict to the agents.
+    Allocation.objects.filter(pk=one.pk).update(exit_code=-9)
+    assert "node 1" in runs_services.gang_peer_lost(attempt=attempt, node=0, wait_s=0)
+    # Its host went silent.
+    Allocation.objects.filter(pk=one.pk).update(state=AllocationState.RUNNING, exit_code=None)
+    Host.objects.filter(pk=one.host_id).update(heartbeat_at=timezone.now() - dt.timedelta(days=1))
+    assert "went silent" in runs_services.gang_peer_lost(attempt=attempt, node=0, wait_s=0)
