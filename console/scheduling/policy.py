@@ -431,7 +431,7 @@ class _Pass:
         self._waiting = {}
         self._pinned: dict[tuple[str, bool], int] = {}
         # the same shape of job in the same state of a lane waits for the same reason
-        self._reasons: dict[tuple[str, bool, int, int, str, int, bool], str] = {}
+        self._reasons: dict[tuple[str, bool, int, int, str, int, bool, bool], str] = {}
         pool_of, usage, team_usage = self.pool_of, self.usage, self.team_usage
         quota_gpu = self.quota_gpu
         for job in running:
@@ -615,32 +615,55 @@ class _Pass:
         self.decisions.waiting[job.run_id] = reason
 
     def blocked_reason(self, job: JobView, lanes: list[_Lane], need: int) -> str:
-        lane = lanes[0]
-        res = lane.reservation
-        key = (lane.pool, lane.gpu, need, job.hosts, job.team, lane.now.total, res is not None)
-        reason = self._reasons.get(key)
-        if reason is None:
-            reason = self._reasons[key] = self._blocked_reason(job, lane, need)
-        return reason
+        """Why a job that fits none of its lanes now waits. A job that may go to any pool is
+        told what blocks it in each pool it could ever fit, not only in the first: a quota
+        full in one pool says nothing about the reservation that keeps it out of another."""
+        if len(lanes) == 1:
+            return "waiting: " + self.lane_cause(job, lanes[0], need, True)
+        by_cause: dict[str, list[str]] = {}
+        for lane in lanes:
+            by_cause.setdefault(self.lane_cause(job, lane, need, False), []).append(lane.pool)
+        parts = [
+            f"pool{'s' if len(pools) > 1 else ''} {', '.join(pools)}: {cause}"
+            for cause, pools in by_cause.items()
+        ]
+        return "waiting: " + "; ".join(parts)
 
-    def _blocked_reason(self, job: JobView, lane: _Lane, need: int) -> str:
+    def lane_cause(self, job: JobView, lane: _Lane, need: int, with_pool: bool) -> str:
+        res = lane.reservation
+        key = (
+            lane.pool,
+            lane.gpu,
+            need,
+            job.hosts,
+            job.team,
+            lane.now.total,
+            res is not None,
+            with_pool,
+        )
+        cause = self._reasons.get(key)
+        if cause is None:
+            cause = self._reasons[key] = self._lane_cause(job, lane, need, with_pool)
+        return cause
+
+    def _lane_cause(self, job: JobView, lane: _Lane, need: int, with_pool: bool) -> str:
         if lane.reservation is not None and lane.now.pick(need, job.hosts) is not None:
-            return f"waiting: behind higher-priority run {lane.reservation.run_id}"
+            return f"behind higher-priority run {lane.reservation.run_id}"
+        in_pool = f" in pool {lane.pool}" if with_pool else ""
         key = (job.team, lane.pool)
         if lane.pool in self.quota_pools and self.quota_gpu.get(lane.pool) == lane.gpu:
             used, quota = self.usage.get(key, 0), self.quota.get(key, 0)
             if used + need * job.hosts > quota:
                 return (
-                    f"waiting: team quota full in pool {lane.pool} ({used} of {quota} {lane.unit} "
+                    f"team quota full{in_pool} ({used} of {quota} {lane.unit} "
                     f"in use) and no idle {lane.unit} to borrow"
                 )
         have = lane.now.count(need)
-        text = (
-            f"waiting: needs {job.hosts} host(s) with {need} free {lane.unit} in pool "
-            f"{lane.pool}, {have} available"
-        )
+        text = f"needs {job.hosts} host(s) with {need} free {lane.unit}{in_pool}, {have} available"
         if lane.reservation is not None:
-            text += f"; behind higher-priority run {lane.reservation.run_id}"
+            # a pool-less cause is one of several joined by "; "
+            text += f"{'; ' if with_pool else ', '}behind higher-priority run "
+            text += str(lane.reservation.run_id)
         return text
 
     # -- reservation (backfill) -----------------------------------------------------------
