@@ -336,7 +336,7 @@ class _Lane:
         if len(fitting) >= n:
             return now, fitting[:n], free
         if releases is None:
-            releases = sorted(self.releases)
+            releases = self.sorted_releases()
         for end, h, units, _ in releases:
             before = free[h]
             free[h] = before + units
@@ -432,21 +432,29 @@ class _Pass:
         self._pinned: dict[tuple[str, bool], int] = {}
         # the same shape of job in the same state of a lane waits for the same reason
         self._reasons: dict[tuple[str, bool, int, int, str, int, bool, bool], str] = {}
-        pool_of, usage, team_usage = self.pool_of, self.usage, self.team_usage
+        # per host once: its pool, whether that pool's quota counts GPUs, and its lanes; so
+        # each running allocation below costs one lookup
         quota_gpu = self.quota_gpu
+        where_of: dict[str, tuple[str, bool, _Lane | None, _Lane | None]] = {
+            name: (pool, quota_gpu[pool], lanes.get((pool, True)), lanes.get((pool, False)))
+            for name, pool in self.pool_of.items()
+        }
+        usage, team_usage = self.usage, self.team_usage
         for job in running:
             gpu = job.gpus > 0
             seen: _Lane | None = None
+            team = job.team
             for a in job.running_on:
-                where = pool_of.get(a.host)
-                if where is None:
+                info = where_of.get(a.host)
+                if info is None:
                     continue
-                units = a.gpus if gpu else a.cpu_slots
-                if quota_gpu[where] == gpu:
-                    key = (job.team, where)
+                where, counts_gpus, gpu_lane, cpu_lane = info
+                if counts_gpus == gpu:
+                    units = a.gpus if gpu else a.cpu_slots
+                    key = (team, where)
                     usage[key] = usage.get(key, 0) + units
-                    team_usage[job.team] = team_usage.get(job.team, 0) + units
-                lane = lanes.get((where, gpu))
+                    team_usage[team] = team_usage.get(team, 0) + units
+                lane = gpu_lane if gpu else cpu_lane
                 if lane is not None and lane is not seen:
                     lane.jobs.append(job)
                     seen = lane
@@ -674,9 +682,21 @@ class _Pass:
             return
         start, hosts, free_then = found
         slack = {h: free_then[h] - need for h in hosts}
+        # the index built whole (as `_Index.set` host by host would, same bucket order): a
+        # reservation is made on most passes, over every host of its pool
         long = _Index()
+        free, buckets = long.free, long.buckets
+        total = 0
         for h, units in lane.now.free.items():
-            long.set(h, max(0, min(units, slack.get(h, units))))
+            if h in slack:
+                units = max(0, min(units, slack[h]))
+            free[h] = units
+            total += units
+            bucket = buckets.get(units)
+            if bucket is None:
+                bucket = buckets[units] = {}
+            bucket[h] = None
+        long.total = total
         lane.reservation = _Reservation(job.run_id, start, slack, long)
 
     # -- preemption -----------------------------------------------------------------------
