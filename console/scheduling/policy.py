@@ -655,7 +655,12 @@ class _Pass:
         return cause
 
     def _lane_cause(self, job: JobView, lane: _Lane, need: int, with_pool: bool) -> str:
-        if lane.reservation is not None and lane.now.pick(need, job.hosts) is not None:
+        # a shape `try_place` found unfit on the free index stays unfit in this pass
+        if (
+            lane.reservation is not None
+            and (need, job.hosts, False) not in lane.unfit
+            and lane.now.pick(need, job.hosts) is not None
+        ):
             return f"behind higher-priority run {lane.reservation.run_id}"
         in_pool = f" in pool {lane.pool}" if with_pool else ""
         key = (job.team, lane.pool)
