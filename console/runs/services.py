@@ -864,6 +864,8 @@ def sweep() -> dict[str, int]:
                 else "never sent a heartbeat"
             )
             host.save(update_fields=["state", "state_reason"])
+        if silent:  # the fleet page shows them offline: ring it (not on every heartbeat)
+            _fleet_hosts_changed()
         # A gang is lost with any of its hosts.
         gang_offline = Allocation.objects.filter(
             host__state=HostState.OFFLINE, attempt__state__in=LIVE_ATTEMPT_STATES
@@ -930,6 +932,7 @@ def host_register(*, name: str, inventory: dict[str, Any], agent_pid: int) -> Ho
         state=HostState.READY, state_reason="agent started"
     )
     host.refresh_from_db()
+    _fleet_hosts_changed()  # a new host, or one online again
     _forget_dead_nodes(host)
     if host.pool_id is None:
         from console.scheduling.services import default_pool
@@ -964,14 +967,28 @@ def _forget_dead_nodes(host: Host) -> None:
             transaction.on_commit(request_placement)
 
 
+def _fleet_hosts_changed() -> None:
+    from console.scheduling.services import hosts_changed
+
+    hosts_changed()
+
+
 def host_heartbeat(*, name: str, attempt_ids: list[int]) -> None:
     now = timezone.now()
-    Host.objects.filter(name=name).update(heartbeat_at=now)
+    # a beat after a silence the page already shows ("silent", before the sweep marks the
+    # host offline) rings it too; the other beats ring nothing
+    mine = Host.objects.filter(name=name)
+    stale = Q(heartbeat_at__lt=_fresh_host_cutoff()) | Q(heartbeat_at=None)
+    was_silent = mine.filter(stale).update(heartbeat_at=now) > 0
+    if not was_silent:
+        mine.update(heartbeat_at=now)
     back = Host.objects.filter(name=name, state=HostState.OFFLINE).update(
         state=HostState.READY, state_reason="heartbeat back"
     )
     if back:
         transaction.on_commit(request_placement)  # the fleet changed
+    if back or was_silent:
+        _fleet_hosts_changed()  # online again on the fleet page
     attempt_heartbeat(attempt_ids)
 
 

@@ -336,7 +336,7 @@ class _Lane:
         if len(fitting) >= n:
             return now, fitting[:n], free
         if releases is None:
-            releases = sorted(self.releases)
+            releases = self.sorted_releases()
         for end, h, units, _ in releases:
             before = free[h]
             free[h] = before + units
@@ -431,22 +431,30 @@ class _Pass:
         self._waiting = {}
         self._pinned: dict[tuple[str, bool], int] = {}
         # the same shape of job in the same state of a lane waits for the same reason
-        self._reasons: dict[tuple[str, bool, int, int, str, int, bool], str] = {}
-        pool_of, usage, team_usage = self.pool_of, self.usage, self.team_usage
+        self._reasons: dict[tuple[str, bool, int, int, str, int, bool, bool], str] = {}
+        # per host once: its pool, whether that pool's quota counts GPUs, and its lanes; so
+        # each running allocation below costs one lookup
         quota_gpu = self.quota_gpu
+        where_of: dict[str, tuple[str, bool, _Lane | None, _Lane | None]] = {
+            name: (pool, quota_gpu[pool], lanes.get((pool, True)), lanes.get((pool, False)))
+            for name, pool in self.pool_of.items()
+        }
+        usage, team_usage = self.usage, self.team_usage
         for job in running:
             gpu = job.gpus > 0
             seen: _Lane | None = None
+            team = job.team
             for a in job.running_on:
-                where = pool_of.get(a.host)
-                if where is None:
+                info = where_of.get(a.host)
+                if info is None:
                     continue
-                units = a.gpus if gpu else a.cpu_slots
-                if quota_gpu[where] == gpu:
-                    key = (job.team, where)
+                where, counts_gpus, gpu_lane, cpu_lane = info
+                if counts_gpus == gpu:
+                    units = a.gpus if gpu else a.cpu_slots
+                    key = (team, where)
                     usage[key] = usage.get(key, 0) + units
-                    team_usage[job.team] = team_usage.get(job.team, 0) + units
-                lane = lanes.get((where, gpu))
+                    team_usage[team] = team_usage.get(team, 0) + units
+                lane = gpu_lane if gpu else cpu_lane
                 if lane is not None and lane is not seen:
                     lane.jobs.append(job)
                     seen = lane
@@ -615,32 +623,60 @@ class _Pass:
         self.decisions.waiting[job.run_id] = reason
 
     def blocked_reason(self, job: JobView, lanes: list[_Lane], need: int) -> str:
-        lane = lanes[0]
-        res = lane.reservation
-        key = (lane.pool, lane.gpu, need, job.hosts, job.team, lane.now.total, res is not None)
-        reason = self._reasons.get(key)
-        if reason is None:
-            reason = self._reasons[key] = self._blocked_reason(job, lane, need)
-        return reason
+        """Why a job that fits none of its lanes now waits. A job that may go to any pool is
+        told what blocks it in each pool it could ever fit, not only in the first: a quota
+        full in one pool says nothing about the reservation that keeps it out of another."""
+        if len(lanes) == 1:
+            return "waiting: " + self.lane_cause(job, lanes[0], need, True)
+        by_cause: dict[str, list[str]] = {}
+        for lane in lanes:
+            by_cause.setdefault(self.lane_cause(job, lane, need, False), []).append(lane.pool)
+        parts = [
+            f"pool{'s' if len(pools) > 1 else ''} {', '.join(pools)}: {cause}"
+            for cause, pools in by_cause.items()
+        ]
+        return "waiting: " + "; ".join(parts)
 
-    def _blocked_reason(self, job: JobView, lane: _Lane, need: int) -> str:
-        if lane.reservation is not None and lane.now.pick(need, job.hosts) is not None:
-            return f"waiting: behind higher-priority run {lane.reservation.run_id}"
+    def lane_cause(self, job: JobView, lane: _Lane, need: int, with_pool: bool) -> str:
+        res = lane.reservation
+        key = (
+            lane.pool,
+            lane.gpu,
+            need,
+            job.hosts,
+            job.team,
+            lane.now.total,
+            res is not None,
+            with_pool,
+        )
+        cause = self._reasons.get(key)
+        if cause is None:
+            cause = self._reasons[key] = self._lane_cause(job, lane, need, with_pool)
+        return cause
+
+    def _lane_cause(self, job: JobView, lane: _Lane, need: int, with_pool: bool) -> str:
+        # a shape `try_place` found unfit on the free index stays unfit in this pass
+        if (
+            lane.reservation is not None
+            and (need, job.hosts, False) not in lane.unfit
+            and lane.now.pick(need, job.hosts) is not None
+        ):
+            return f"behind higher-priority run {lane.reservation.run_id}"
+        in_pool = f" in pool {lane.pool}" if with_pool else ""
         key = (job.team, lane.pool)
         if lane.pool in self.quota_pools and self.quota_gpu.get(lane.pool) == lane.gpu:
             used, quota = self.usage.get(key, 0), self.quota.get(key, 0)
             if used + need * job.hosts > quota:
                 return (
-                    f"waiting: team quota full in pool {lane.pool} ({used} of {quota} {lane.unit} "
+                    f"team quota full{in_pool} ({used} of {quota} {lane.unit} "
                     f"in use) and no idle {lane.unit} to borrow"
                 )
         have = lane.now.count(need)
-        text = (
-            f"waiting: needs {job.hosts} host(s) with {need} free {lane.unit} in pool "
-            f"{lane.pool}, {have} available"
-        )
+        text = f"needs {job.hosts} host(s) with {need} free {lane.unit}{in_pool}, {have} available"
         if lane.reservation is not None:
-            text += f"; behind higher-priority run {lane.reservation.run_id}"
+            # a pool-less cause is one of several joined by "; "
+            text += f"{'; ' if with_pool else ', '}behind higher-priority run "
+            text += str(lane.reservation.run_id)
         return text
 
     # -- reservation (backfill) -----------------------------------------------------------
@@ -651,9 +687,21 @@ class _Pass:
             return
         start, hosts, free_then = found
         slack = {h: free_then[h] - need for h in hosts}
+        # the index built whole (as `_Index.set` host by host would, same bucket order): a
+        # reservation is made on most passes, over every host of its pool
         long = _Index()
+        free, buckets = long.free, long.buckets
+        total = 0
         for h, units in lane.now.free.items():
-            long.set(h, max(0, min(units, slack.get(h, units))))
+            if h in slack:
+                units = max(0, min(units, slack[h]))
+            free[h] = units
+            total += units
+            bucket = buckets.get(units)
+            if bucket is None:
+                bucket = buckets[units] = {}
+            bucket[h] = None
+        long.total = total
         lane.reservation = _Reservation(job.run_id, start, slack, long)
 
     # -- preemption -----------------------------------------------------------------------

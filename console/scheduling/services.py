@@ -465,7 +465,9 @@ def _inbox_changed() -> None:
     broadcast_on_commit(FLEET_INBOX_GROUP, "inbox.changed", {}, wait=False, doorbell=True)
 
 
-def _hosts_changed() -> None:
+def hosts_changed() -> None:
+    """Rings the open fleet pages after commit: a host's state as the page shows it changed
+    (cordon, drain, pool; online or offline by its heartbeat: `console.runs.services`)."""
     broadcast_on_commit(FLEET_HOSTS_GROUP, "hosts.changed", {}, wait=False, doorbell=True)
 
 
@@ -622,7 +624,7 @@ def _finish_drains() -> None:
             host.state = HostState.CORDONED
             host.state_reason = "drained: nothing runs on it any more"
             host.save(update_fields=["state", "state_reason"])
-            _hosts_changed()
+            hosts_changed()
 
 
 # --- hosts ----------------------------------------------------------------------------------
@@ -658,7 +660,7 @@ def host_act(*, actor: Any, team: Team, host: Host, action: str, reason: str = "
             before=before,
             after={"state": host.state, "state_reason": host.state_reason},
         )
-        _hosts_changed()
+        hosts_changed()
         transaction.on_commit(request_pass)
     return host
 
@@ -677,7 +679,7 @@ def host_set_pool(*, actor: Any, team: Team, host: Host, pool: ResourcePool) -> 
             before=before,
             after={"pool": pool.name},
         )
-        _hosts_changed()
+        hosts_changed()
         transaction.on_commit(request_pass)
     return host
 

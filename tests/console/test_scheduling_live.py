@@ -5,27 +5,30 @@ socket instead of polling. Real PostgreSQL, the real channel layer (Redis) and t
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from console.asgi import application
 from console.broadcast import flush_soon
 from console.runs import services as runs_services
-from console.runs.models import Host, Run
+from console.runs.models import Host, HostState, Run
 from console.scheduling import services
 from console.scheduling.models import PreemptionRequest, PriorityClass
 from tests.console import test_runs_views
 from tests.console.factories import ADMINS, ANONYMOUS, EVERYONE, OUTSIDER, OWNER, TEAMMATE_ADMIN
 from tests.console.test_runs_list_live import headers
 from tests.console.test_runs_views import Lab
-from tests.console.test_scheduling_services import full_fleet, launch  # noqa: F401
+from tests.console.test_scheduling_services import full_fleet, host, launch  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 lab = test_runs_views.lab  # the fixture: a model, the parity domain, a run
@@ -155,6 +158,34 @@ def test_the_fleet_rings_when_an_admin_cordons_a_host(
 
     got = rings(client_as(OUTSIDER), "fleet", cordon)  # every member sees the whole fleet
     assert got and got[0]["type"] == "changed"
+
+
+def test_the_fleet_rings_when_a_host_goes_silent_and_when_it_beats_again(
+    client_as: Any, lab: Lab
+) -> None:
+    """The periodic tick (the sweep) rings the fleet when it marks a host offline, the first
+    beat after the silence rings it again; the sweeps and beats between change nothing shown
+    and ring nothing."""
+    lab.run.delete()  # no queued run: a pass rings no run notice
+    host("cpu-a")
+    client = client_as(OUTSIDER)  # every member sees the whole fleet
+    long_ago = timezone.now() - dt.timedelta(seconds=settings.HOST_OFFLINE_AFTER_S + 5)
+
+    def go_silent() -> None:
+        Host.objects.filter(name="cpu-a").update(heartbeat_at=long_ago)
+        runs_services.sweep()
+
+    got = rings(client, "fleet", go_silent)
+    assert got and got[0]["type"] == "changed"
+    assert Host.objects.get(name="cpu-a").state == HostState.OFFLINE
+    assert rings(client, "fleet", runs_services.sweep) == []  # still offline: silence
+
+    def beat() -> None:
+        runs_services.host_heartbeat(name="cpu-a", attempt_ids=[])
+
+    assert rings(client, "fleet", beat)
+    assert Host.objects.get(name="cpu-a").state == HostState.READY
+    assert rings(client, "fleet", beat) == []  # an ordinary beat rings nothing
 
 
 def test_the_inbox_rings_when_a_request_is_filed_and_when_it_is_decided(

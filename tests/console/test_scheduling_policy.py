@@ -453,3 +453,36 @@ def test_a_pass_leaves_its_inputs_as_they_were():
     d = run(fleet, jobs, [Quota("a", "h200", 8)])
     assert d.preemptions and d.waiting  # the pass did decide something
     assert (fleet, jobs) == before
+
+
+def test_a_job_for_any_pool_is_told_what_blocks_it_in_each_pool():
+    # a100: team a's quota is full and no GPU idle; h100: 4 GPUs idle on b1, but the head
+    # (run 10) starts there at t+100 and job 11 would run past it
+    fleet = [
+        host("a1", pool="a100", free=0),
+        host("b1", pool="h100", free=4),
+        host("b2", pool="h100", free=0),
+    ]
+    jobs = [
+        running(1, {"a1": 8}, team="a"),
+        running(2, {"b1": 4}, team="c", est_remaining_s=100.0),
+        running(3, {"b2": 8}, team="c", est_remaining_s=5000.0),
+        job(10, gpus=8, pool="h100", team="b", priority=10),
+        job(11, gpus=4, team="a", est_remaining_s=500.0),  # any pool
+    ]
+    d = run(fleet, jobs, [Quota("a", "a100", 8)])
+    assert placed(d) == {}
+    assert d.waiting[11] == (
+        "waiting: pool a100: team quota full (8 of 8 GPUs in use) and no idle GPUs to borrow; "
+        "pool h100: behind higher-priority run 10"
+    )
+    # pinned to one pool, the reason names that pool as before
+    jobs[-1] = job(11, gpus=4, team="a", est_remaining_s=500.0, pool="a100")
+    d = run(fleet, jobs, [Quota("a", "a100", 8)])
+    assert d.waiting[11].startswith("waiting: team quota full in pool a100 (8 of 8 GPUs")
+    # the same cause in two pools is said once
+    fleet = [host("a1", pool="a100", free=2), host("b1", pool="h100", free=2)]
+    d = run(fleet, [job(12, gpus=4)])
+    assert (
+        d.waiting[12] == "waiting: pools a100, h100: needs 1 host(s) with 4 free GPUs, 0 available"
+    )
