@@ -43,6 +43,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import socket
 import time
 import traceback
@@ -310,8 +311,12 @@ class _Timeline:
     rank: int
     started: float = field(default_factory=time.perf_counter)
     spans: list[dict[str, Any]] = field(default_factory=list)
-    # Each span names its machine: a run over several hosts draws one lane group per host.
-    host: str = field(default_factory=socket.gethostname)
+    # Each span names its machine: a run over several hosts draws one lane group per host. The
+    # host agent names its host in TRAINING_HOST_NAME (two agents on one machine share its
+    # hostname); a run started by hand falls back to the machine's name.
+    host: str = field(
+        default_factory=lambda: os.environ.get("TRAINING_HOST_NAME") or socket.gethostname()
+    )
 
     def mark(self, stage: str, start: float, end: float, **extra: float) -> None:
         """Adds ``stage`` (``time.perf_counter`` instants) to the timeline."""

@@ -61,7 +61,8 @@ class QueueAttemptOut(Schema):
     name: str
     team: str
     priority_class: str
-    host: str
+    host: str = Field(description="node 0's host (where the rendezvous is)")
+    hosts: list[str] = Field(description="every host the attempt runs on, by node rank")
     attempt: int
     state: str
     last_step: int
@@ -218,6 +219,7 @@ def queue(request: HttpRequest) -> Any:
                 "team": a.run.team.slug,
                 "priority_class": _class_name(a.run),
                 "host": a.host.name,
+                "hosts": [share.host.name for share in a.allocations.all()],
                 "attempt": a.number,
                 "state": a.run.state,
                 "last_step": a.run.last_step,

@@ -13,7 +13,7 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from console.accounts.models import Team
-from console.runs.models import LIVE_ATTEMPT_STATES, Attempt, Host, Run, RunState
+from console.runs.models import LIVE_ATTEMPT_STATES, Allocation, Attempt, Host, Run, RunState
 from console.scheduling.models import (
     DEFAULT_CLASS_NAME,
     DEFAULT_POOL_NAME,
@@ -76,8 +76,12 @@ def queue(*, team: Team | None, decisions: int = 30) -> Queue:
     runs = Run.objects.filter(state=RunState.QUEUED).select_related(
         "team", "created_by", "priority_class"
     )
-    live = Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES).select_related(
-        "run__team", "run__priority_class", "host"
+    live = (
+        Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES)
+        .select_related("run__team", "run__priority_class", "host")
+        .prefetch_related(
+            Prefetch("allocations", queryset=Allocation.objects.select_related("host"))
+        )
     )
     log = SchedulingDecision.objects.select_related("run__team")
     if team is not None:
@@ -129,27 +133,30 @@ class HostRow:
 
 
 def fleet() -> list[HostRow]:
+    """Every host with what runs on it. A host's use is its share of each live attempt (its
+    `Allocation`, as the scheduler counts it): a run on several hosts shows, and counts, on each
+    of them, not only on node 0's host."""
     now = timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.HOST_OFFLINE_AFTER_S)
     hosts = Host.objects.select_related("pool").prefetch_related(
         Prefetch(
-            "attempts",
-            queryset=Attempt.objects.filter(state__in=LIVE_ATTEMPT_STATES).select_related(
-                "run__team", "run__priority_class"
-            ),
-            to_attr="live_attempts",
+            "allocations",
+            queryset=Allocation.objects.filter(attempt__state__in=LIVE_ATTEMPT_STATES)
+            .select_related("attempt__run__team", "attempt__run__priority_class")
+            .order_by("attempt__run_id"),
+            to_attr="live_allocations",
         )
     )
     rows = []
     for host in hosts.order_by("name"):
-        attempts: list[Attempt] = host.live_attempts  # type: ignore[attr-defined]
+        shares: list[Allocation] = host.live_allocations  # type: ignore[attr-defined]
         rows.append(
             HostRow(
                 host=host,
                 pool=host.pool.name if host.pool else DEFAULT_POOL_NAME,
-                attempts=attempts,
-                gpus_used=sum(a.run.gpus for a in attempts),
-                cpu_used=sum(a.run.cpu_slots for a in attempts if not a.run.gpus),
+                attempts=[share.attempt for share in shares],
+                gpus_used=sum(share.gpus for share in shares),
+                cpu_used=sum(share.cpu_slots for share in shares),
                 heartbeat_age_s=(now - host.heartbeat_at).total_seconds()
                 if host.heartbeat_at
                 else None,

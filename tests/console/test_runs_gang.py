@@ -329,3 +329,20 @@ def test_rank_0_tells_a_dead_peer_from_its_own_failure(fleet: Lab) -> None:
     Allocation.objects.filter(pk=one.pk).update(state=AllocationState.RUNNING, exit_code=None)
     Host.objects.filter(pk=one.host_id).update(heartbeat_at=timezone.now() - dt.timedelta(days=1))
     assert "went silent" in runs_services.gang_peer_lost(attempt=attempt, node=0, wait_s=0)
+
+
+def test_the_queue_and_the_fleet_show_a_gang_on_each_of_its_hosts(
+    fleet: Lab, api_client_as: Any, owner_client: Client
+) -> None:
+    run = launch(fleet, "pair", hosts=2)
+    services.schedule_pass()
+    names = [n.host.name for n in attempt_of(run).allocations.select_related("host")]
+    # The fleet counts the gang's share on every host it holds, as the scheduler does.
+    hosts = api_client_as(OWNER).get("/api/scheduling/fleet").json()
+    used = {h["name"]: (h["cpu_used"], [r["run_id"] for r in h["runs"]]) for h in hosts}
+    assert {name: used[name] for name in names} == {name: (1, [run.pk]) for name in names}
+    assert all(used[name] == (0, []) for name in used.keys() - set(names))
+    queue = api_client_as(OWNER).get("/api/scheduling/queue").json()
+    assert [r["hosts"] for r in queue["running"] if r["run_id"] == run.pk] == [names]
+    page = owner_client.get(reverse("scheduling:queue")).content.decode()
+    assert ", ".join(names) in page

@@ -207,3 +207,7 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     assert timeline is not None
     ranks = {span.get("rank") for span in timeline.data.get("stages", [])}
     assert ranks == {0, 1}, timeline.data
+    # ... each rank's spans named by the host it ran on (the agent's name, not the machine's).
+    span_hosts = {(span.get("rank"), span.get("host")) for span in timeline.data["stages"]}
+    last_nodes = last.allocations.select_related("host")
+    assert span_hosts == {(n.node_rank, n.host.name) for n in last_nodes}, timeline.data
