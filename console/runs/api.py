@@ -49,7 +49,8 @@ class LaunchIn(Schema):
             "registered model's slug ('slug@N' for version N), domains is a list of "
             "{domain: slug, weight, pass_threshold?, max_new_tokens?}; every other section "
             "is the run spec's own (algorithm, batch, sampling, kl, eval, checkpoint, ewc, "
-            "tools, rollout, deepspeed, lr, lr_warmup_steps, max_steps, seed, cpu_threads)."
+            "tools, rollout, deepspeed, lr, lr_warmup_steps, max_steps, seed, cpu_threads, "
+            "autocast)."
         ),
         json_schema_extra=launch_document_json_schema(),
     )
