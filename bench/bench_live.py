@@ -74,15 +74,32 @@ def main() -> int:
              "--no-access-log", "--log-level", "warning"],
             cwd=ROOT, env={**env, "DEBUG": "1"},
         )  # fmt: skip
-        time.sleep(3)
+        _wait_for_port(port, server)
         return asyncio.run(
             _bench(port, args.clients, args.rate, args.seconds, args.per_commit, args.writers)
         )
     finally:
         if server is not None:
             server.terminate()
-            server.wait(20)
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()  # figures are printed already; do not leave it behind
+                server.wait(10)
         services.stop()
+
+
+def _wait_for_port(port: int, server: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    """Until the server accepts connections (its start takes seconds on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited ({server.returncode})")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the server did not listen within {timeout:.0f} s")
 
 
 def _setup() -> tuple[Any, str]:
@@ -176,7 +193,16 @@ async def _bench(
     readies = [asyncio.Event() for _ in range(clients)]
     done = asyncio.Event()
     watchers = [asyncio.create_task(watch(i, readies[i], done)) for i in range(clients)]
-    await asyncio.gather(*(r.wait() for r in readies))
+    # Every page has its snapshot (a watcher that failed to connect fails the bench).
+    all_ready = asyncio.ensure_future(asyncio.gather(*(r.wait() for r in readies)))
+    await asyncio.wait([all_ready, *watchers], timeout=120, return_when=asyncio.FIRST_COMPLETED)
+    if not all_ready.done():
+        all_ready.cancel()
+        done.set()
+        for task in watchers:
+            if task.done():
+                task.result()  # raises the watcher's error
+        raise RuntimeError("not every client got its snapshot within 120 s")
     written_s: list[float] = []  # the writer's own, without its start
     await asyncio.to_thread(write)
     await asyncio.sleep(5)  # the tail

@@ -108,13 +108,7 @@ CHANNEL_LAYERS = {
         # A page's channel holds up to 1,000 waiting messages (the default 100 filled up with
         # 50 pages open on a run at 100 doorbells a second); past it, doorbells are dropped,
         # which the live stream survives (the next one reads everything since the cursors).
-        # socket_timeout: redis-py's default (5 s) equals channels_redis's blocking pop (5 s),
-        # so under load an empty pop's answer came a little late, the read raised and the
-        # page's socket closed with an error.
-        "CONFIG": {
-            "hosts": [{"address": _channel_layer_address(REDIS_URL), "socket_timeout": 30}],
-            "capacity": 1000,
-        },
+        "CONFIG": {"hosts": [{"address": _channel_layer_address(REDIS_URL)}], "capacity": 1000},
     }
 }
 

@@ -156,7 +156,9 @@
     for (const t of [...trajectories].reverse()) {
       const li = document.createElement("li");
       li.dataset.step = String(t.step);
-      const head = document.createElement("span");
+      // Each entry opens its sample (chat, observations, reward breakdown, provenance).
+      const head = document.createElement("a");
+      head.href = `${location.pathname.replace(/\/?$/, "/")}trajectories/${t.step}/${t.index}/`;
       head.className = "feed-head";
       head.textContent = `step ${t.step} #${t.index} · ${t.domain} · reward ${Number(t.reward).toFixed(3)} · ${t.finish_reason}`;
       const body = document.createElement("code");

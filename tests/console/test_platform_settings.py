@@ -112,7 +112,7 @@ def test_the_channel_layer_and_celery_share_the_redis_url(monkeypatch):
     settings = load_settings(monkeypatch, REDIS_URL="redis+socket:///tmp/r/redis.sock")
     assert settings.CELERY_BROKER_URL == "redis+socket:///tmp/r/redis.sock"
     assert settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] == [
-        {"address": "unix:///tmp/r/redis.sock", "socket_timeout": 30}
+        {"address": "unix:///tmp/r/redis.sock"}
     ]
 
 

@@ -46,6 +46,13 @@ def test_a_run_launched_from_the_new_run_page_reaches_completed(
     page.get_by_role("button", name="Launch run").click()
     page.wait_for_url("**/runs/*/")
     run = Run.objects.get(name="parity-from-the-browser")
+    # While it trains, the open page's charts gain points and its trajectory feed grows, pushed
+    # over the run's websocket (the page opened before the job had written anything).
+    points = "Number(document.getElementById('live-charts').dataset.points || 0)"
+    feed = "document.querySelectorAll('#live-feed li').length"
+    page.wait_for_function(f"{points} > 0 && {feed} > 0", timeout=600_000)
+    first_points, first_feed = page.evaluate(f"[{points}, {feed}]")
+    page.wait_for_function(f"{points} > {first_points} && {feed} > {first_feed}", timeout=600_000)
     wait_for(
         lambda: Run.objects.get(pk=run.pk).is_terminal, timeout=600, what="the run to end",
         cluster=cluster,
@@ -60,3 +67,9 @@ def test_a_run_launched_from_the_new_run_page_reaches_completed(
     screenshot(page, "page-run-completed")
     assert TrajectoryRecord.objects.filter(run=run).count() == 4 * 4 * 4
     assert "completed" in page.locator("#run-live").inner_text().lower()
+    # Drill into one sample from the feed: its chat, reward breakdown and provenance.
+    page.locator("#live-feed li a.feed-head").first.click()
+    page.wait_for_url(f"**/runs/{run.pk}/trajectories/*/*/")
+    page.locator("#chat").wait_for()
+    assert page.locator("#breakdown").count() == 1
+    assert "Policy version" in page.locator("#provenance").inner_text()
