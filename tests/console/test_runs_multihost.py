@@ -35,7 +35,9 @@ from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-PROMPTS, GROUP, STEPS = 4, 2, 8
+# Enough steps that the resumed attempt is still training when the test preempts it (on an idle
+# machine a step takes ~0.2 s; 8 steps once ended before the test saw the attempt run).
+PROMPTS, GROUP, STEPS = 4, 2, 24
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
+VICTIM_STEPS = 120
+
 
 @pytest.fixture
 def cluster(tmp_path: Any, settings: Any) -> Any:
@@ -113,7 +115,9 @@ def test_rejecting_leaves_the_victim_alone_and_approving_preempts_and_resumes_it
 ):
     cluster.start_agent("host-a")
     owner, admin = api_client_as("owner"), api_client_as("teammate_admin")
-    victim = launch(owner, "victim", max_steps=24)
+    # Long enough to outlast a request, its rejection and the refiled request: on an idle machine
+    # a step takes ~0.2 s, and a 24-step victim once ended before the request was filed again.
+    victim = launch(owner, "victim", max_steps=VICTIM_STEPS)
     wait_for(
         lambda: run_of(victim).last_step >= 2,
         timeout=600, what="the victim to be training", cluster=cluster,
@@ -151,7 +155,7 @@ def test_rejecting_leaves_the_victim_alone_and_approving_preempts_and_resumes_it
     [urgent_attempt] = started_attempts(urgent_run)
     assert urgent_attempt.scheduled_at >= first_attempt.ended_at
     assert second_attempt.scheduled_at >= urgent_attempt.scheduled_at
-    assert_every_step_once(victim, 24)
+    assert_every_step_once(victim, VICTIM_STEPS)
     kinds = set(RunEvent.objects.filter(run=victim_run).values_list("kind", flat=True))
     assert {"preemption.rejected", "preemption.approved", "run.preempted"} <= kinds
     second.refresh_from_db()
