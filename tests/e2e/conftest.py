@@ -12,7 +12,10 @@ Fixtures:
   password is `tests.console.factories.password_for(username)`).
 
 Helpers: `login(page, user)` logs in through the login form; `screenshot(page, name)` saves
-`test-artifacts/<name>.png` and returns its path.
+`test-artifacts/<name>.png` and returns its path. For the run pages: `model_version(people,
+tmp_path)` registers a model, `run_of(people, version, name, state)` saves a run of 20 steps on
+it and `sink_on(run, host)` is the writer of its running attempt on a new host (`ConsoleSink`,
+the job's own: the pages cannot tell its rows from a trained run's).
 
 All tests here are marked `e2e` (and `slow`) automatically.
 """
@@ -35,6 +38,9 @@ from urllib.request import urlopen
 
 import pytest
 
+from console.runs import services
+from console.runs.models import Attempt, Host, Run
+from console.runs.sink import ConsoleSink
 from tests.console.factories import password_for
 
 BASE_DIR = Path(__file__).resolve().parents[2]
@@ -186,6 +192,28 @@ def login(page: Any, user: Any, password: str | None = None) -> None:
     page.get_by_label("Password").fill(password or password_for(user.get_username()))
     page.get_by_role("button", name="Log in").click()
     page.wait_for_url(lambda url: "/accounts/login/" not in url)
+
+
+def model_version(people: Any, tmp_path: Path) -> Any:
+    """A model registered by the owner from an empty directory (the run pages only name it)."""
+    (tmp_path / "config.json").write_text("{}")
+    return services.model_register(
+        actor=people.owner, team=people.team, slug="m", title="M", path=str(tmp_path)
+    )
+
+
+def run_of(people: Any, version: Any, name: str, state: str) -> Run:
+    """A run of the owner's team on `version`, in `state`, of 20 steps."""
+    return Run.objects.create(
+        team=people.team, created_by=people.owner, name=name, request={}, spec={},
+        pins={"domains": []}, model_version=version, state=state, max_steps=20,
+    )  # fmt: skip
+
+
+def sink_on(run: Run, host: str) -> ConsoleSink:
+    """The `ConsoleSink` of the run's first attempt, running on a new host named `host`."""
+    where = Host.objects.create(name=host, cpu_slots=1)
+    return ConsoleSink(Attempt.objects.create(run=run, number=1, host=where, state="running"))
 
 
 def screenshot(page: Any, name: str) -> Path:

@@ -15,26 +15,10 @@ from typing import Any
 import pytest
 
 from console.broadcast import flush_soon
-from console.runs import services
-from console.runs.models import Attempt, Host, MetricRow, Run
-from console.runs.sink import ConsoleSink
-from tests.e2e.conftest import login, screenshot
+from console.runs.models import MetricRow, Run
+from tests.e2e.conftest import login, model_version, run_of, screenshot, sink_on
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def model(people: Any, tmp_path: Path) -> Any:
-    (tmp_path / "config.json").write_text("{}")
-    return services.model_register(
-        actor=people.owner, team=people.team, slug="m", title="M", path=str(tmp_path)
-    )
-
-
-def run_of(people: Any, version: Any, name: str, state: str) -> Run:
-    return Run.objects.create(
-        team=people.team, created_by=people.owner, name=name, request={}, spec={},
-        pins={"domains": []}, model_version=version, state=state, max_steps=20,
-    )  # fmt: skip
 
 
 def metrics(step: int, scale: float = 1.0) -> dict[str, float]:
@@ -46,18 +30,41 @@ def metrics(step: int, scale: float = 1.0) -> dict[str, float]:
     }
 
 
+def drag_on_reward_chart(page: Any, charts: str, first: int, last: int) -> None:
+    """Drags the mouse across the reward chart (of `window.<charts>`) from step `first` to step
+    `last`: uPlot's zoom."""
+    over = page.locator("#chart-reward .u-over").bounding_box()
+    xs = page.evaluate(
+        f"(() => {{ const u = window.{charts}.plot('reward');"
+        f" return [u.valToPos({first}, 'x'), u.valToPos({last}, 'x')]; }})()"
+    )
+    y = over["y"] + over["height"] / 2
+    page.mouse.move(over["x"] + xs[0], y)
+    page.mouse.down()
+    page.mouse.move(over["x"] + (xs[0] + xs[1]) / 2, y)
+    page.mouse.move(over["x"] + xs[1], y)
+    page.mouse.up()
+
+
+def set_smoothing(page: Any, value: str) -> None:
+    """Moves the smoothing slider to `value`, as a user's drag does (an `input` event)."""
+    page.evaluate(
+        "(() => { const s = document.getElementById('smoothing');"
+        f" s.value = '{value}'; s.dispatchEvent(new Event('input')); }})()"
+    )
+
+
 def test_the_runs_list_gains_progress_while_a_run_trains(
     page: Any, people: Any, live_server_url: str, tmp_path: Path
 ) -> None:
-    version = model(people, tmp_path)
+    version = model_version(people, tmp_path)
     done = run_of(people, version, "finished-run", "completed")
     MetricRow.objects.bulk_create(
         MetricRow(run=done, step=s, values=metrics(s)) for s in range(1, 21)
     )
     Run.objects.filter(pk=done.pk).update(last_step=20)
     training = run_of(people, version, "training-run", "running")
-    host = Host.objects.create(name="list-host", cpu_slots=1)
-    sink = ConsoleSink(Attempt.objects.create(run=training, number=1, host=host, state="running"))
+    sink = sink_on(training, "list-host")
 
     login(page, people.owner)
     page.goto("/runs/")
@@ -94,7 +101,7 @@ def test_the_runs_list_gains_progress_while_a_run_trains(
 def test_the_compare_page_overlays_two_runs_with_smoothing_and_a_log_scale(
     page: Any, people: Any, live_server_url: str, tmp_path: Path
 ) -> None:
-    version = model(people, tmp_path)
+    version = model_version(people, tmp_path)
     first = run_of(people, version, "lr-1e-6", "completed")
     second = run_of(people, version, "lr-3e-6", "completed")
     for run, scale in ((first, 1.0), (second, 2.0)):
@@ -113,27 +120,14 @@ def test_the_compare_page_overlays_two_runs_with_smoothing_and_a_log_scale(
 
     # Zoom: steps 5 to 10 dragged on the reward chart, the KL chart follows; a double-click
     # on it resets both.
-    over = page.locator("#chart-reward .u-over").bounding_box()
-    left = page.evaluate(
-        "(() => { const u = window.runCompare.plot('reward');"
-        " return [u.valToPos(5, 'x'), u.valToPos(10, 'x')]; })()"
-    )
-    y = over["y"] + over["height"] / 2
-    page.mouse.move(over["x"] + left[0], y)
-    page.mouse.down()
-    page.mouse.move(over["x"] + (left[0] + left[1]) / 2, y)
-    page.mouse.move(over["x"] + left[1], y)
-    page.mouse.up()
+    drag_on_reward_chart(page, "runCompare", 5, 10)
     low, high = page.evaluate("window.runCompare.chart('kl').x")
     assert 4 < low < 6 and 9 < high < 11
     page.locator("#chart-kl .u-over").dblclick()
     assert page.evaluate("window.runCompare.chart('reward').x") == [1, 20]
 
     # Smoothing: each run gets its smoothed line beside the faint raw one, and it is smoother.
-    page.evaluate(
-        "(() => { const s = document.getElementById('smoothing'); s.value = '0.9';"
-        " s.dispatchEvent(new Event('input')); })()"
-    )
+    set_smoothing(page, "0.9")
     smoothed = page.evaluate("window.runCompare.chart('reward')")
     assert smoothed["series"] == 4
     raw, smooth = smoothed["data"][1], smoothed["data"][2]
@@ -151,8 +145,7 @@ def test_the_compare_page_overlays_two_runs_with_smoothing_and_a_log_scale(
     page.wait_for_function("window.runCompare.live()")
     assert page.evaluate("window.runCompare.events()") == 0
     before = int(page.locator("#chart-kl").get_attribute("data-points") or 0)
-    host = Host.objects.create(name="compare-host", cpu_slots=1)
-    sink = ConsoleSink(Attempt.objects.create(run=first, number=1, host=host, state="running"))
+    sink = sink_on(first, "compare-host")
     sink.metrics(21, metrics(21))
     sink.checkpoint({"step": 21, "path": "/c/21", "reason": "periodic"})
     flush_soon()
@@ -167,10 +160,9 @@ def test_the_compare_page_overlays_two_runs_with_smoothing_and_a_log_scale(
 def test_the_run_page_charts_smooth_and_switch_to_a_log_scale(
     page: Any, people: Any, live_server_url: str, tmp_path: Path
 ) -> None:
-    version = model(people, tmp_path)
+    version = model_version(people, tmp_path)
     run = run_of(people, version, "one-run", "running")
-    host = Host.objects.create(name="run-host", cpu_slots=1)
-    sink = ConsoleSink(Attempt.objects.create(run=run, number=1, host=host, state="running"))
+    sink = sink_on(run, "run-host")
     for step in range(1, 11):
         sink.metrics(step, metrics(step))
     flush_soon()
@@ -179,10 +171,7 @@ def test_the_run_page_charts_smooth_and_switch_to_a_log_scale(
     page.goto(f"/runs/{run.pk}/")
     page.locator("#chart-kl canvas").first.wait_for()
     assert page.evaluate("window.runLive.chart('reward').series") == 1
-    page.evaluate(
-        "(() => { const s = document.getElementById('smoothing'); s.value = '0.6';"
-        " s.dispatchEvent(new Event('input')); })()"
-    )
+    set_smoothing(page, "0.6")
     assert page.evaluate("window.runLive.chart('reward').series") == 2
     page.locator("#chart-kl .log-toggle").check()
     assert page.evaluate("window.runLive.chart('kl').distr") == 3
@@ -192,17 +181,7 @@ def test_the_run_page_charts_smooth_and_switch_to_a_log_scale(
     page.wait_for_function("document.getElementById('chart-kl').dataset.points === '11'")
 
     # A zoom (steps 3 to 6 dragged on the reward chart) stays while new points arrive.
-    over = page.locator("#chart-reward .u-over").bounding_box()
-    xs = page.evaluate(
-        "(() => { const u = window.runLive.plot('reward');"
-        " return [u.valToPos(3, 'x'), u.valToPos(6, 'x')]; })()"
-    )
-    y = over["y"] + over["height"] / 2
-    page.mouse.move(over["x"] + xs[0], y)
-    page.mouse.down()
-    page.mouse.move(over["x"] + (xs[0] + xs[1]) / 2, y)
-    page.mouse.move(over["x"] + xs[1], y)
-    page.mouse.up()
+    drag_on_reward_chart(page, "runLive", 3, 6)
     low, high = page.evaluate("window.runLive.chart('kl').x")
     assert 2 < low < 4 and 5 < high < 7
     for step in (12, 13):

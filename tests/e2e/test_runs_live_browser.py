@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from console.broadcast import flush_soon
-from console.runs import live, services
-from console.runs.models import Attempt, Host, MetricRow, Run
+from console.runs import live
+from console.runs.models import MetricRow
 from console.runs.sink import ConsoleSink
-from tests.e2e.conftest import login, screenshot
+from tests.e2e.conftest import login, model_version, run_of, screenshot, sink_on
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -56,17 +56,8 @@ def chart_points() -> str:
 def test_the_run_page_draws_points_and_trajectories_as_they_are_committed(
     page: Any, people: Any, live_server_url: str, tmp_path: Path
 ) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    version = services.model_register(
-        actor=people.owner, team=people.team, slug="m", title="M", path=str(tmp_path)
-    )
-    run = Run.objects.create(
-        team=people.team, created_by=people.owner, name="live-run", request={}, spec={},
-        pins={"domains": []}, model_version=version, state="running", max_steps=20,
-    )  # fmt: skip
-    host = Host.objects.create(name="live-host", cpu_slots=1)
-    attempt = Attempt.objects.create(run=run, number=1, host=host, state="running")
-    sink = ConsoleSink(attempt)
+    run = run_of(people, model_version(people, tmp_path), "live-run", "running")
+    sink = sink_on(run, "live-host")
     sink.event("run.started", {"step": 0})
     for step in (1, 2):
         write_step(sink, step)

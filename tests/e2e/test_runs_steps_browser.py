@@ -9,10 +9,7 @@ from typing import Any
 
 import pytest
 
-from console.runs import services
-from console.runs.models import Attempt, Host, Run
-from console.runs.sink import ConsoleSink
-from tests.e2e.conftest import login, screenshot
+from tests.e2e.conftest import login, model_version, run_of, screenshot, sink_on
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -24,16 +21,8 @@ def span(stage: str, start: float, end: float, rank: int, host: str) -> dict[str
 def test_a_step_timeline_shows_each_host_and_rank_and_who_waits(
     page: Any, people: Any, live_server_url: str, tmp_path: Path
 ) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    version = services.model_register(
-        actor=people.owner, team=people.team, slug="m", title="M", path=str(tmp_path)
-    )
-    run = Run.objects.create(
-        team=people.team, created_by=people.owner, name="gantt-run", request={}, spec={},
-        pins={"domains": []}, model_version=version, state="running", max_steps=20,
-    )  # fmt: skip
-    host = Host.objects.create(name="gpu-a", cpu_slots=1)
-    sink = ConsoleSink(Attempt.objects.create(run=run, number=1, host=host, state="running"))
+    run = run_of(people, model_version(people, tmp_path), "gantt-run", "running")
+    sink = sink_on(run, "gpu-a")
     stages = []
     for rank, where, rollout_end in ((0, "gpu-a", 2.0), (1, "gpu-b", 1.2)):
         stages += [
