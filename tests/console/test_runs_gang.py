@@ -58,6 +58,23 @@ def attempt_of(run: Run) -> Attempt:
     return Attempt.objects.get(run=run, state__in=["scheduled", "starting", "running"])
 
 
+def placed_pair(fleet: Lab) -> tuple[Run, Attempt]:
+    """A run on two hosts, placed by a pass: its attempt and nodes are scheduled."""
+    run = launch(fleet, "pair", hosts=2)
+    services.schedule_pass()
+    return run, attempt_of(run)
+
+
+def running_pair(fleet: Lab, *, nodes: bool = True) -> tuple[Run, Attempt]:
+    """A placed pair whose job runs (as the agents and the job would record it), and with
+    `nodes` both nodes' process groups too."""
+    run, attempt = placed_pair(fleet)
+    make_running(run)
+    if nodes:
+        Allocation.objects.filter(attempt=attempt).update(state=AllocationState.RUNNING)
+    return run, attempt
+
+
 def test_a_gang_starts_on_all_its_hosts_at_once_with_one_rendezvous(fleet: Lab) -> None:
     run = launch(fleet, "pair", hosts=2)
     result = services.schedule_pass()
@@ -139,9 +156,7 @@ def test_rendezvous_ports_are_distinct_and_freed_when_the_nodes_exit(
 def test_only_the_agent_of_each_node_claims_it_and_only_while_the_attempt_is_live(
     fleet: Lab,
 ) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
+    _, attempt = placed_pair(fleet)
     zero, one = attempt.allocations.select_related("host").order_by("node_rank")
     claim = runs_services.attempt_claim
     assert not claim(attempt_id=attempt.pk, host_name=zero.host.name, pid=1, node=1)
@@ -154,11 +169,7 @@ def test_only_the_agent_of_each_node_claims_it_and_only_while_the_attempt_is_liv
 
 
 def test_one_nodes_death_ends_the_whole_attempt_and_requeues_the_run(fleet: Lab) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
-    make_running(Run.objects.get(pk=run.pk))
-    Allocation.objects.filter(attempt=attempt).update(state=AllocationState.RUNNING)
+    run, attempt = running_pair(fleet)
     assert runs_services.gang_stop_reason(attempt.pk) == ""
     runs_services.node_exited(attempt=attempt, node=1, exit_code=-9)
     runs_services.attempt_died(
@@ -176,10 +187,7 @@ def test_one_nodes_death_ends_the_whole_attempt_and_requeues_the_run(fleet: Lab)
 
 
 def test_a_completed_gang_gives_its_other_nodes_time_to_exit(fleet: Lab, settings: Any) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
-    make_running(Run.objects.get(pk=run.pk))
+    _, attempt = running_pair(fleet, nodes=False)
     runs_services.attempt_finished(attempt_id=attempt.pk, status="completed", step=4)
     assert runs_services.gang_stop_reason(attempt.pk) == ""
     long_ago = timezone.now() - dt.timedelta(seconds=settings.RUN_CANCEL_GRACE_S + 1)
@@ -188,12 +196,8 @@ def test_a_completed_gang_gives_its_other_nodes_time_to_exit(fleet: Lab, setting
 
 
 def test_a_silent_host_loses_the_gang_it_is_part_of(fleet: Lab) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
-    make_running(Run.objects.get(pk=run.pk))
+    _, attempt = running_pair(fleet)
     Attempt.objects.filter(pk=attempt.pk).update(heartbeat_at=timezone.now())
-    Allocation.objects.filter(attempt=attempt).update(state=AllocationState.RUNNING)
     one = attempt.allocations.get(node_rank=1)
     Host.objects.filter(pk=one.host_id).update(heartbeat_at=timezone.now() - dt.timedelta(days=1))
     runs_services.sweep()
@@ -210,9 +214,7 @@ def test_each_node_gets_the_rendezvous_and_its_rank_in_its_environment(
     fleet: Lab, settings: Any
 ) -> None:
     settings.RUNS_DIST_BACKEND = "gloo"
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
+    _, attempt = placed_pair(fleet)
     env = agent.job_environment(attempt, [], name="cpu-b", node=1, nodes=2)
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "31000"
     assert (env["NODE_RANK"], env["NNODES"], env["RANK"], env["WORLD_SIZE"]) == ("1", "2", "1", "2")
@@ -277,11 +279,7 @@ def test_the_api_and_the_form_launch_a_run_on_several_hosts(
 
 
 def test_a_restarted_agent_loses_the_nodes_its_host_was_running(fleet: Lab) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
-    make_running(Run.objects.get(pk=run.pk))
-    Allocation.objects.filter(attempt=attempt).update(state=AllocationState.RUNNING)
+    run, attempt = running_pair(fleet)
     one = attempt.allocations.select_related("host").get(node_rank=1)
     runs_services.host_register(name=one.host.name, inventory={}, agent_pid=2)
     attempt.refresh_from_db()
@@ -296,10 +294,7 @@ def test_a_restarted_agent_loses_the_nodes_its_host_was_running(fleet: Lab) -> N
 
 
 def test_a_node_no_agent_claims_in_time_loses_the_gang(fleet: Lab, settings: Any) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
-    make_running(Run.objects.get(pk=run.pk))
+    _, attempt = running_pair(fleet, nodes=False)
     # Node 0 runs and beats; node 1's agent never took its message.
     Allocation.objects.filter(attempt=attempt, node_rank=0).update(state=AllocationState.RUNNING)
     old = timezone.now() - dt.timedelta(seconds=settings.HOST_OFFLINE_AFTER_S + 5)
@@ -311,11 +306,7 @@ def test_a_node_no_agent_claims_in_time_loses_the_gang(fleet: Lab, settings: Any
 
 
 def test_rank_0_tells_a_dead_peer_from_its_own_failure(fleet: Lab) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    attempt = attempt_of(run)
-    make_running(Run.objects.get(pk=run.pk))
-    Allocation.objects.filter(attempt=attempt).update(state=AllocationState.RUNNING)
+    run, attempt = running_pair(fleet)
     one = attempt.allocations.get(node_rank=1)
     # The peer still runs and beats: no verdict within the wait (the failure is the run's).
     assert runs_services.gang_peer_lost(attempt=attempt, node=0, wait_s=0) == ""
@@ -334,9 +325,8 @@ def test_rank_0_tells_a_dead_peer_from_its_own_failure(fleet: Lab) -> None:
 def test_the_queue_and_the_fleet_show_a_gang_on_each_of_its_hosts(
     fleet: Lab, api_client_as: Any, owner_client: Client
 ) -> None:
-    run = launch(fleet, "pair", hosts=2)
-    services.schedule_pass()
-    names = [n.host.name for n in attempt_of(run).allocations.select_related("host")]
+    run, attempt = placed_pair(fleet)
+    names = [n.host.name for n in attempt.allocations.select_related("host")]
     # The fleet counts the gang's share on every host it holds, as the scheduler does.
     hosts = api_client_as(OWNER).get("/api/scheduling/fleet").json()
     used = {h["name"]: (h["cpu_used"], [r["run_id"] for r in h["runs"]]) for h in hosts}
