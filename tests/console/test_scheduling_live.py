@@ -6,6 +6,7 @@ socket instead of polling. Real PostgreSQL, the real channel layer (Redis) and t
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -67,6 +68,22 @@ def rings(client: Client, page: str, change: Any, *, wait_s: float = 1.0) -> lis
             got.append(await communicator.receive_json_from(timeout=1))
         await communicator.disconnect()
         return got
+
+    return async_to_sync(go)()
+
+
+def answer_to(
+    client: Client, page: str, act: Callable[[WebsocketCommunicator], Awaitable[Any]]
+) -> Any:
+    """Opens `page`'s socket, awaits `act(socket)` and returns what the socket sent next."""
+
+    async def go() -> Any:
+        communicator = socket(client, page)
+        assert (await communicator.connect(timeout=10))[0]
+        await act(communicator)
+        output = await communicator.receive_output(timeout=10)
+        await communicator.disconnect()
+        return output
 
     return async_to_sync(go)()
 
@@ -214,20 +231,13 @@ def test_the_inbox_rings_when_a_request_is_filed_and_when_it_is_decided(
 
 def test_logging_out_closes_the_socket(client_as: Any, people: Any) -> None:
     client = client_as(TEAMMATE_ADMIN)
-
-    async def go() -> Any:
-        communicator = socket(client, "inbox")
-        assert (await communicator.connect(timeout=10))[0]
-        await sync_to_async(client.post)(reverse("accounts:logout"))
-        output = await communicator.receive_output(timeout=10)
-        await communicator.disconnect()
-        return output
-
-    output = async_to_sync(go)()
+    output = answer_to(
+        client, "inbox", lambda _: sync_to_async(client.post)(reverse("accounts:logout"))
+    )
     assert output["type"] == "websocket.close" and output["code"] == 4401
 
 
-@pytest.mark.parametrize("name", ["queue", "fleet", "inbox"])
+@pytest.mark.parametrize("name", PAGES)
 def test_the_pages_name_their_socket_and_no_longer_poll(
     name: str, client_as: Any, lab: Lab
 ) -> None:
@@ -244,15 +254,7 @@ def test_the_fleet_rings_for_another_teams_runs_without_naming_them(
 
 
 def test_a_frame_the_socket_cannot_read_closes_it(client_as: Any, people: Any) -> None:
-    client = client_as(TEAMMATE_ADMIN)
-
-    async def go() -> Any:
-        communicator = socket(client, "queue")
-        assert (await communicator.connect(timeout=10))[0]
-        await communicator.send_to(bytes_data=b"\x00")
-        output = await communicator.receive_output(timeout=10)
-        await communicator.disconnect()
-        return output
-
-    output = async_to_sync(go)()
+    output = answer_to(
+        client_as(TEAMMATE_ADMIN), "queue", lambda ws: ws.send_to(bytes_data=b"\x00")
+    )
     assert output["type"] == "websocket.close" and output["code"] == 1003
