@@ -510,12 +510,9 @@ def place_runs() -> list[Attempt]:
 def _schedule(run: Run, hosts: list[Host], *, rendezvous_port: int | None = None) -> Attempt:
     """The run's next attempt on `hosts` (node 0 first): one allocation per host, and one
     message to each host's queue after commit. A run on several hosts (a gang) needs its
-    `rendezvous_port` on node 0's host; the caller has checked that every host has room, in
-    the same transaction (`console.scheduling.services.gang_start`)."""
-    if len(hosts) != max(run.hosts, 1) or len({h.pk for h in hosts}) != len(hosts):
-        raise ValueError(f"run {run.pk} needs {run.hosts} distinct host(s), got {len(hosts)}")
-    if len(hosts) > 1 and rendezvous_port is None:
-        raise ValueError("a run on several hosts needs a rendezvous port")
+    `rendezvous_port` on node 0's host. Its one caller (`gang_start`, in
+    console.scheduling.services) has checked the hosts (as many as the run needs, distinct,
+    each with room) and taken the port, in the same transaction."""
     number = (run.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
     checkpoint = last_checkpoint(run)
     master = hosts[0]
