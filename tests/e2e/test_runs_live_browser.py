@@ -49,8 +49,8 @@ def write_step(sink: ConsoleSink, step: int) -> None:
     flush_soon()
 
 
-def chart_points() -> str:
-    return "Number(document.getElementById('live-charts').dataset.points || 0)"
+# The points the page's charts hold (a JavaScript expression for `wait_for_function`).
+CHART_POINTS = "Number(document.getElementById('live-charts').dataset.points || 0)"
 
 
 def test_the_run_page_draws_points_and_trajectories_as_they_are_committed(
@@ -64,13 +64,13 @@ def test_the_run_page_draws_points_and_trajectories_as_they_are_committed(
 
     login(page, people.owner)
     page.goto(f"/runs/{run.pk}/")
-    page.wait_for_function(f"{chart_points()} === 12")
+    page.wait_for_function(f"{CHART_POINTS} === 12")
     page.locator("#chart-reward canvas").first.wait_for()
     assert page.locator("#live-feed li").count() == 8
 
     for step in (3, 4, 5):
         write_step(sink, step)
-    page.wait_for_function(f"{chart_points()} === 30")
+    page.wait_for_function(f"{CHART_POINTS} === 30")
     page.wait_for_function("document.querySelectorAll('#live-feed li').length === 20")
     assert page.locator("#run-step").inner_text() == "5/20"
     assert page.locator("#live-feed li").first.inner_text().startswith("step 5 #3")
@@ -79,7 +79,7 @@ def test_the_run_page_draws_points_and_trajectories_as_they_are_committed(
     page.evaluate("window.runLive.close()")
     for step in (6, 7):
         write_step(sink, step)
-    page.wait_for_function(f"{chart_points()} === 42", timeout=30_000)
+    page.wait_for_function(f"{CHART_POINTS} === 42", timeout=30_000)
     sink.event("checkpoint.saved", {"step": 7, "reason": "periodic"})
     flush_soon()
     expected = {
