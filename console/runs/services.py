@@ -586,43 +586,37 @@ def attempt_claim(*, attempt_id: int, host_name: str, pid: int, node: int = 0) -
 
 def node_started(*, attempt: Attempt, node: int, pid: int, command: list[str]) -> None:
     """A node's process group runs (recorded on the run as ``node.started``)."""
-    allocation = Allocation.objects.select_related("host").get(attempt=attempt, node_rank=node)
-    Allocation.objects.filter(pk=allocation.pk).update(state=AllocationState.RUNNING, pid=pid)
-    record_event(
-        attempt.run,
+    _node_changed(
+        attempt,
+        node,
         "node.started",
-        {
-            "attempt": attempt.number,
-            "node": node,
-            "host": allocation.host.name,
-            "pid": pid,
-            "command": " ".join(command)[:1000],
-        },
-        attempt=attempt,
+        {"state": AllocationState.RUNNING, "pid": pid},
+        {"pid": pid, "command": " ".join(command)[:1000]},
     )
 
 
 def node_exited(*, attempt: Attempt, node: int, exit_code: int | None) -> None:
     """A node's process group ended (``node.exited``); node 0's exit code is the attempt's."""
-    now = timezone.now()
-    allocation = Allocation.objects.select_related("host").get(attempt=attempt, node_rank=node)
-    Allocation.objects.filter(pk=allocation.pk).update(
-        state=AllocationState.EXITED, exit_code=exit_code, ended_at=now
-    )
     if node == 0:
         Attempt.objects.filter(pk=attempt.pk).update(exit_code=exit_code)
-    record_event(
-        attempt.run,
+    _node_changed(
+        attempt,
+        node,
         "node.exited",
-        {
-            "attempt": attempt.number,
-            "node": node,
-            "host": allocation.host.name,
-            "exit_code": exit_code,
-        },
-        attempt=attempt,
+        {"state": AllocationState.EXITED, "exit_code": exit_code, "ended_at": timezone.now()},
+        {"exit_code": exit_code},
     )
     notify(attempt.run, "run.event", {"kind": "node.exited"}, to_lists=False)
+
+
+def _node_changed(
+    attempt: Attempt, node: int, kind: str, changes: dict[str, Any], data: dict[str, Any]
+) -> None:
+    """Writes `changes` on the node's allocation and records `kind` on the run with `data`."""
+    allocation = Allocation.objects.select_related("host").get(attempt=attempt, node_rank=node)
+    Allocation.objects.filter(pk=allocation.pk).update(**changes)
+    data = {"attempt": attempt.number, "node": node, "host": allocation.host.name, **data}
+    record_event(attempt.run, kind, data, attempt=attempt)
 
 
 def node_never_started(*, attempt_id: int, node: int) -> None:
