@@ -232,18 +232,23 @@ def test_each_node_gets_the_rendezvous_and_its_rank_in_its_environment(
     assert alone.get("MASTER_PORT") == os.environ.get("MASTER_PORT")
 
 
-@pytest.mark.parametrize("hosts", [0, 65, -1])
-def test_the_api_refuses_hosts_out_of_range_and_saves_nothing(
-    fleet: Lab, api_client_as: Any, hosts: int
-) -> None:
+def api_launch(api: Client, hosts: int) -> Any:
+    """POSTs a two-step parity run on `hosts` hosts to the runs API."""
     document = default_document(model="base", domains=[("parity", 1.0)])
     document.update(name="pair", max_steps=2)
-    before = Run.objects.count()
-    response = api_client_as(OWNER).post(
+    return api.post(
         "/api/runs",
         data=json.dumps({"spec": document, "hosts": hosts}),
         content_type="application/json",
     )
+
+
+@pytest.mark.parametrize("hosts", [0, 65, -1])
+def test_the_api_refuses_hosts_out_of_range_and_saves_nothing(
+    fleet: Lab, api_client_as: Any, hosts: int
+) -> None:
+    before = Run.objects.count()
+    response = api_launch(api_client_as(OWNER), hosts)
     assert response.status_code == 422, response.content
     assert "hosts" in response.content.decode()
     assert Run.objects.count() == before
@@ -252,13 +257,7 @@ def test_the_api_refuses_hosts_out_of_range_and_saves_nothing(
 def test_the_api_and_the_form_launch_a_run_on_several_hosts(
     fleet: Lab, api_client_as: Any, owner_client: Client
 ) -> None:
-    document = default_document(model="base", domains=[("parity", 1.0)])
-    document.update(name="pair", max_steps=2)
-    response = api_client_as(OWNER).post(
-        "/api/runs",
-        data=json.dumps({"spec": document, "hosts": 2}),
-        content_type="application/json",
-    )
+    response = api_launch(api_client_as(OWNER), 2)
     assert response.status_code == 201, response.content
     assert response.json()["hosts"] == 2
     services.schedule_pass()
