@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -648,8 +649,6 @@ def gang_peer_lost(*, attempt: Attempt, node: int, wait_s: float) -> str:
     silent) within `wait_s`. A node's death breaks the collective and fails every rank, so
     the failure is that node's death (the run resumes), not the run's. "" when every other node
     exited cleanly, or none died within `wait_s`."""
-    import time
-
     deadline = time.monotonic() + wait_s
     silent_after = dt.timedelta(seconds=settings.HOST_OFFLINE_AFTER_S)
     while True:

@@ -15,6 +15,7 @@ import signal
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from console.broadcast import flush_soon
@@ -82,8 +83,6 @@ class Command(BaseCommand):
         if status == "failed" and nodes > 1:
             # A dead node breaks the collective: every rank fails. Wait for its agent (or the
             # sweep, when its host went silent) to say so before calling the run failed.
-            from django.conf import settings
-
             lost = services.gang_peer_lost(
                 attempt=attempt,
                 node=int(os.environ.get("NODE_RANK", "0")),
