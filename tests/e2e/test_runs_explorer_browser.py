@@ -9,21 +9,17 @@ from typing import Any
 
 import pytest
 
-from console.runs import services
 from console.runs.models import Attempt, Host, Run
 from console.runs.sink import ConsoleSink
 from tests.console.test_runs_explorer import observation, trajectory
-from tests.e2e.conftest import UI_TIMEOUT_MS, login, screenshot
+from tests.e2e.conftest import UI_TIMEOUT_MS, login, model_version, screenshot
 
 WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 
 @pytest.fixture
 def run(people: Any, tmp_path: Path) -> Run:
-    (tmp_path / "config.json").write_text("{}")
-    version = services.model_register(
-        actor=people.owner, team=people.team, slug="m", title="M", path=str(tmp_path)
-    )
+    version = model_version(people, tmp_path)
     run = Run.objects.create(
         team=people.team, created_by=people.owner, name="explored", request={}, spec={},
         pins={"domains": [{"slug": "parity", "domain_id": 1, "rubric_version": 3,
