@@ -13,6 +13,7 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 from console.accounts.models import Team
 from console.registry.models import VersionStatus
 from console.runs.models import (
+    LIVE_ATTEMPT_STATES,
     PER_STEP_EVENT_KINDS,
     Allocation,
     Attempt,
@@ -177,11 +178,9 @@ def model_version_get(*, pk: int, number: int) -> ModelVersion:
     ).get(model_id=pk, number=number)
 
 
-def host_list_with_live_attempts() -> QuerySet[Host]:
+def host_list_with_live_nodes() -> QuerySet[Host]:
     """Every host with the nodes of live attempts on it (`live_nodes`: a run on one host has
     one; a gang has one on each of its hosts), with their attempts and runs."""
-    from console.runs.models import LIVE_ATTEMPT_STATES
-
     live = (
         Allocation.objects.filter(attempt__state__in=LIVE_ATTEMPT_STATES)
         .select_related("attempt", "run__team")

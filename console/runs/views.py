@@ -393,7 +393,7 @@ def model_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
 @require_GET
 def host_list(request: HttpRequest) -> HttpResponse:
     membership = require_active_membership(request)
-    context = {"hosts": selectors.host_list_with_live_attempts(), "team_id": membership.team_id}
+    context = {"hosts": selectors.host_list_with_live_nodes(), "team_id": membership.team_id}
     return render(request, "runs/host_list.html", context)
 
 
