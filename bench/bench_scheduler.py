@@ -95,6 +95,14 @@ CLASSES = {
 CLASS_MIX = [("prod", 0.1), ("standard", 0.45), ("batch", 0.45)]
 
 Scheduler = Callable[..., Decisions]
+IDLE_KINDS = (
+    "fragment",  # 1-7 free GPUs on a host, fewer than any queued job that may run there asks
+    "a one-host job fits: held for the head",  # free capacity a queued one-host job fits,
+    # kept for the head of the queue (EASY backfill: the job would end after its start)
+    "gathering hosts for a gang",  # whole hosts, only gangs wider than what is free wait
+    "held while a requester's victims stop",
+    "whole host, no queued job fits",
+)
 
 
 @dataclass
@@ -188,6 +196,9 @@ class Simulation:
                     HostView(f"{pool}-{k:02d}", pool, GPUS_PER_HOST, 32, GPUS_PER_HOST, 32)
                 )
         self.host = {h.name: h for h in self.hosts}
+        self.by_pool: dict[str, list[HostView]] = {}
+        for h in self.hosts:
+            self.by_pool.setdefault(h.pool, []).append(h)
         self.jobs: dict[int, SimJob] = {}
         self.events: list[tuple[float, int, str, int, int]] = []  # (t, seq, kind, run, epoch)
         self.seq = 0
@@ -221,6 +232,10 @@ class Simulation:
         self.last_t = 0.0
         self.preemptions = 0
         self.plans = 0
+        # where idle GPUs are while work that may run in their pool is queued (GPU-seconds):
+        # read from the simulator's own state after each pass, so it holds for any scheduler
+        self.idle: dict[str, float] = dict.fromkeys(IDLE_KINDS, 0.0)
+        self.pool_state: dict[str, tuple[int, int, bool]] = {}  # see note_queue
 
     def push(self, t: float, kind: str, run_id: int, epoch: int) -> None:
         self.seq += 1
@@ -242,7 +257,51 @@ class Simulation:
                     cap = POOLS[pool] * GPUS_PER_HOST
                     self.pool_busy_gpu_s += (cap - self.pool_free[pool]) * dt
                     self.pool_cap_gpu_s += cap * dt
+                    if self.pool_free[pool]:
+                        self.account_idle(pool, dt)
         self.last_t = t
+
+    def account_idle(self, pool: str, dt: float) -> None:
+        smallest, single, requester = self.pool_state.get(pool, (0, 0, False))
+        idle = self.idle
+        for h in self.by_pool[pool]:
+            free = h.gpus_free
+            if not free:
+                continue
+            if not smallest or free < smallest:
+                kind = "fragment" if free < h.gpus_total else "whole host, no queued job fits"
+            elif requester:
+                kind = "held while a requester's victims stop"
+            elif single and free >= single:
+                kind = "a one-host job fits: held for the head"
+            else:
+                kind = "gathering hosts for a gang"
+            idle[kind] += free * dt
+
+    def note_queue(self) -> None:
+        """After a pass, per pool: the fewest GPUs per host that a queued job that may run
+        there asks for, the same for one-host jobs, and whether a requester of a preemption
+        plan waits for its victims there."""
+        none = 1 << 30  # no such job queued
+        smallest: dict[str | None, int] = {}
+        single: dict[str | None, int] = {}
+        requester: set[str | None] = set()
+        for job in self.queued.values():
+            v = job.view
+            if v.gpus < smallest.get(v.pool, none):
+                smallest[v.pool] = v.gpus
+            if v.hosts == 1 and v.gpus < single.get(v.pool, none):
+                single[v.pool] = v.gpus
+            if v.preemption_requested:
+                requester.add(v.pool)
+        for pool in POOLS:
+            least = min(smallest.get(pool, none), smallest.get(None, none))
+            least_single = min(single.get(pool, none), single.get(None, none))
+            self.pool_state[pool] = (
+                0 if least == none else least,
+                0 if least_single == none else least_single,
+                pool in requester or None in requester,
+            )
 
     def run(self) -> None:
         while self.events:
@@ -296,6 +355,7 @@ class Simulation:
 
     def decide(self, t: float) -> None:
         if not self.queued:
+            self.pool_state.clear()
             return
         self.refresh(t)
         views = [j.view for j in self.running.values()] + [j.view for j in self.queued.values()]
@@ -317,6 +377,7 @@ class Simulation:
                 victim.view.preemption_pending = True
                 grace = CLASSES[victim.view.class_name].grace_s
                 self.push(t + delay + grace, "preempt", impact.run_id, victim.epoch)
+        self.note_queue()
 
     def start(self, job: SimJob, placement: Placement, t: float) -> None:
         v = job.view
@@ -509,6 +570,7 @@ def main() -> int:
             "util_queued": sim.busy_queued_gpu_s / (n_gpus * sim.queued_s) * 100,
             "util": sim.busy_gpu_s / (n_gpus * end) * 100,
             "util_pool": sim.pool_busy_gpu_s / sim.pool_cap_gpu_s * 100,
+            "idle": {k: v / sim.pool_cap_gpu_s * 100 for k, v in sim.idle.items()},
             "work_gpu_h": sum(j.view.gpus * j.view.hosts * j.work_s for j in jobs) / 3600.0,
             "waits": {c: (statistics.fmean(v), pct(v, 0.95)) for c, v in waits.items()},
             "team_best": min(team_means),
@@ -565,6 +627,16 @@ def main() -> int:
     for label, fmt in rows:
         cells = [fmt(results[n]).ljust(w) for n, w in zip(names, widths[1:], strict=True)]
         print(" | ".join([label.ljust(widths[0])] + cells))
+    print(
+        "\nidle GPUs of pools their queued work may use, by kind "
+        "(% of those pools' capacity; after each pass):"
+    )
+    for kind in IDLE_KINDS:
+        cells = [
+            f"{results[n]['idle'][kind]:.1f} %".ljust(w)
+            for n, w in zip(names, widths[1:], strict=True)
+        ]
+        print(" | ".join([kind.ljust(widths[0])] + cells))
     base = results["strict priority"]
     pol = results["policy"]
     print(
