@@ -29,6 +29,7 @@ import argparse
 import gc
 import heapq
 import math
+import os
 import random
 import statistics
 import sys
@@ -186,8 +187,11 @@ def make_workload(n_jobs: int, seed: int, load: float) -> tuple[list[dict], list
 
 
 class Simulation:
-    def __init__(self, workload: list[dict], quotas: list[Quota], scheduler: Scheduler) -> None:
+    def __init__(
+        self, workload: list[dict], quotas: list[Quota], scheduler: Scheduler, repeat: int = 1
+    ) -> None:
         self.scheduler = scheduler
+        self.repeat = repeat  # calls per pass, for the best-of wall time
         self.quotas = quotas
         self.hosts: list[HostView] = []
         for pool, n in POOLS.items():
@@ -221,6 +225,9 @@ class Simulation:
         self.running: dict[int, SimJob] = {}
         self.decision_s: list[float] = []  # wall time of each call
         self.decision_cpu_s: list[float] = []  # its CPU time (blind to the other tenants)
+        # the shortest wall time of `repeat` calls on the same input (a pass does not change
+        # its input): what the pass itself takes, with the other tenants' share mostly removed
+        self.decision_best_s: list[float] = []
         self.busy = 0
         self.busy_queued_gpu_s = 0.0
         self.queued_s = 0.0
@@ -364,7 +371,13 @@ class Simulation:
             hosts=self.hosts, jobs=views, classes=CLASSES, quotas=self.quotas, now=t
         )
         self.decision_cpu_s.append(time.thread_time() - cpu)
-        self.decision_s.append(time.perf_counter() - started)
+        best = wall = time.perf_counter() - started
+        self.decision_s.append(wall)
+        for _ in range(self.repeat - 1):
+            started = time.perf_counter()
+            self.scheduler(hosts=self.hosts, jobs=views, classes=CLASSES, quotas=self.quotas, now=t)
+            best = min(best, time.perf_counter() - started)
+        self.decision_best_s.append(best)
         for p in decisions.placements:
             self.start(self.jobs[p.run_id], p, t)
         for plan in decisions.preemptions:
@@ -522,7 +535,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--load", type=float, default=0.97, help="offered load / fleet")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="calls of each pass (same input) for the best-of wall time; the first is the one "
+        "applied and the one the plain wall and CPU figures time",
+    )
     args = parser.parse_args()
+    load_before = os.getloadavg()
 
     workload, quotas = make_workload(args.jobs, args.seed, args.load)
     # the workload lives for the whole run: keep the collector from rescanning it in every
@@ -546,7 +567,7 @@ def main() -> int:
     )
     results = {}
     for name, scheduler in contenders:
-        sim = Simulation(workload, quotas, scheduler)
+        sim = Simulation(workload, quotas, scheduler, args.repeat)
         wall = time.perf_counter()
         sim.run()
         wall = time.perf_counter() - wall
@@ -567,6 +588,8 @@ def main() -> int:
             "p99": pct(sim.decision_s, 0.99) * 1000,
             "cpu50": pct(sim.decision_cpu_s, 0.5) * 1000,
             "cpu99": pct(sim.decision_cpu_s, 0.99) * 1000,
+            "best50": pct(sim.decision_best_s, 0.5) * 1000,
+            "best99": pct(sim.decision_best_s, 0.99) * 1000,
             "util_queued": sim.busy_queued_gpu_s / (n_gpus * sim.queued_s) * 100,
             "util": sim.busy_gpu_s / (n_gpus * end) * 100,
             "util_pool": sim.pool_busy_gpu_s / sim.pool_cap_gpu_s * 100,
@@ -590,6 +613,10 @@ def main() -> int:
         ("decision time p50", lambda r: f"{r['p50']:.2f} ms"),
         ("decision time p99", lambda r: f"{r['p99']:.2f} ms"),
         ("decision CPU time p50 / p99", lambda r: f"{r['cpu50']:.2f} / {r['cpu99']:.2f} ms"),
+        (
+            f"decision time p50 / p99, best of {args.repeat}",
+            lambda r: f"{r['best50']:.2f} / {r['best99']:.2f} ms",
+        ),
         ("GPU utilisation while work is queued", lambda r: f"{r['util_queued']:.1f} %"),
         (
             "GPU utilisation of pools their queued work may use",
@@ -643,8 +670,18 @@ def main() -> int:
         f"\npolicy decision time vs strict-priority baseline (same run): "
         f"p50 {pol['p50'] / base['p50']:.1f}x, p99 {pol['p99'] / base['p99']:.1f}x; "
         f"aim p99 <= 5 ms: {'met' if pol['p99'] <= 5 else 'not met'} "
-        f"(CPU time p99 {pol['cpu99']:.2f} ms: {'met' if pol['cpu99'] <= 5 else 'not met'}); "
-        f"aim utilisation while queued >= 95 %: {'met' if pol['util_queued'] >= 95 else 'not met'}"
+        f"(best of {args.repeat} p99 {pol['best99']:.2f} ms: "
+        f"{'met' if pol['best99'] <= 5 else 'not met'}; "
+        f"CPU time p99 {pol['cpu99']:.2f} ms: {'met' if pol['cpu99'] <= 5 else 'not met'}); "
+        f"aim utilisation while queued >= 95 %: "
+        f"{'met' if pol['util_queued'] >= 95 else 'not met'} for the fleet, "
+        f"{'met' if pol['util_pool'] >= 95 else 'not met'} per pool"
+    )
+    print(
+        "load average (1 / 5 / 15 min) at the start: "
+        + " / ".join(f"{x:.2f}" for x in load_before)
+        + ", after the simulations: "
+        + " / ".join(f"{x:.2f}" for x in os.getloadavg())
     )
     print("\none pass on a full fleet (every GPU busy), CPU time over 30 passes:")
     for n_queued in (200, 2000):
