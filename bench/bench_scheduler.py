@@ -2,6 +2,7 @@
 baselines run through the same simulator in the same run.
 
     .venv/bin/python bench/bench_scheduler.py [--jobs 10000] [--seed 14] [--load 0.97]
+                                              [--repeat 3]
 
 Fleet: 1,000 GPUs on 125 hosts of 8 GPUs in three pools (h200 64 hosts, h100 40, a100 21).
 Work: 10,000 jobs from 500 domains and 20 teams (domains Zipf-distributed over teams); sizes
@@ -17,7 +18,13 @@ job's remaining time as the console estimates it (step rate x steps left), off b
 lognormal factor (sigma 0.3).
 
 At every arrival, finish and preemption stop the simulator calls the policy with the whole
-fleet and queue and applies its decisions; the decision time is the time inside that call.
+fleet and queue and applies its decisions; the decision time is the time inside that call (wall
+and CPU time of the call applied, and the best wall time of `--repeat` calls on the same input:
+the pass's own time, with most of the other tenants' share of this machine taken out). After
+each pass the simulator notes where its idle GPUs are while work that may run there is queued:
+fragments smaller than any queued job asks, capacity a queued one-host job would fit (held for
+the head of the queue), whole hosts only wider gangs wait for, capacity around a requester
+waiting for its victims to stop.
 Baselines, same simulator, same jobs: FIFO (arrival order, no backfill, no preemption, a pool's
 first job that does not fit blocks that pool) and strict priority (class, priority, age; same
 blocking rule; this module's own code, not the policy's).
