@@ -570,8 +570,8 @@ class _Pass:
                 self.place(job, lanes[0], hosts, need, end, backfill)
                 return
         else:
-            # any pool: where it fits best (least left free on the hosts it takes, so whole
-            # hosts stay whole for the 8-GPU jobs), then the pool with the most idle capacity
+            # any pool: the pool with the most idle capacity beyond what the jobs pinned to
+            # it want, then where it fits best (least left free on the hosts it takes)
             best: tuple[int, int, int, _Lane, list[str], bool] | None = None
             for i, lane in enumerate(lanes):
                 hosts, backfill = self.try_place(lane, need, job.hosts, end)
@@ -708,9 +708,13 @@ class _Pass:
     def reserve(self, job: JobView, lanes: list[_Lane], need: int) -> None:
         """Make the job the head of the first of `lanes` that has none. (For a job for any
         pool, reserving where it could start soonest measured no better over six seeds.)"""
-        lane = next((ln for ln in lanes if ln.reservation is None), None)
-        found = None if lane is None else lane.earliest(need, job.hosts, self.now)
-        if lane is None or found is None:
+        for lane in lanes:
+            if lane.reservation is None:
+                break
+        else:
+            return
+        found = lane.earliest(need, job.hosts, self.now)
+        if found is None:
             return
         start, hosts, free_then = found
         slack = {h: free_then[h] - need for h in hosts}
