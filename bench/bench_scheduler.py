@@ -2,6 +2,7 @@
 baselines run through the same simulator in the same run.
 
     .venv/bin/python bench/bench_scheduler.py [--jobs 10000] [--seed 14] [--load 0.97]
+                                              [--repeat 3]
 
 Fleet: 1,000 GPUs on 125 hosts of 8 GPUs in three pools (h200 64 hosts, h100 40, a100 21).
 Work: 10,000 jobs from 500 domains and 20 teams (domains Zipf-distributed over teams); sizes
@@ -17,7 +18,13 @@ job's remaining time as the console estimates it (step rate x steps left), off b
 lognormal factor (sigma 0.3).
 
 At every arrival, finish and preemption stop the simulator calls the policy with the whole
-fleet and queue and applies its decisions; the decision time is the time inside that call.
+fleet and queue and applies its decisions; the decision time is the time inside that call (wall
+and CPU time of the call applied, and the best wall time of `--repeat` calls on the same input:
+the pass's own time, with most of the other tenants' share of this machine taken out). After
+each pass the simulator notes where its idle GPUs are while work that may run there is queued:
+fragments smaller than any queued job asks, capacity a queued one-host job would fit (held for
+the head of the queue), whole hosts only wider gangs wait for, capacity around a requester
+waiting for its victims to stop.
 Baselines, same simulator, same jobs: FIFO (arrival order, no backfill, no preemption, a pool's
 first job that does not fit blocks that pool) and strict priority (class, priority, age; same
 blocking rule; this module's own code, not the policy's).
@@ -29,6 +36,7 @@ import argparse
 import gc
 import heapq
 import math
+import os
 import random
 import statistics
 import sys
@@ -95,6 +103,14 @@ CLASSES = {
 CLASS_MIX = [("prod", 0.1), ("standard", 0.45), ("batch", 0.45)]
 
 Scheduler = Callable[..., Decisions]
+IDLE_KINDS = (
+    "fragment",  # 1-7 free GPUs on a host, fewer than any queued job that may run there asks
+    "a one-host job fits: held for the head",  # free capacity a queued one-host job fits,
+    # kept for the head of the queue (EASY backfill: the job would end after its start)
+    "gathering hosts for a gang",  # whole hosts, only gangs wider than what is free wait
+    "held while a requester's victims stop",
+    "whole host, no queued job fits",
+)
 
 
 @dataclass
@@ -178,8 +194,11 @@ def make_workload(n_jobs: int, seed: int, load: float) -> tuple[list[dict], list
 
 
 class Simulation:
-    def __init__(self, workload: list[dict], quotas: list[Quota], scheduler: Scheduler) -> None:
+    def __init__(
+        self, workload: list[dict], quotas: list[Quota], scheduler: Scheduler, repeat: int = 1
+    ) -> None:
         self.scheduler = scheduler
+        self.repeat = repeat  # calls per pass, for the best-of wall time
         self.quotas = quotas
         self.hosts: list[HostView] = []
         for pool, n in POOLS.items():
@@ -188,6 +207,9 @@ class Simulation:
                     HostView(f"{pool}-{k:02d}", pool, GPUS_PER_HOST, 32, GPUS_PER_HOST, 32)
                 )
         self.host = {h.name: h for h in self.hosts}
+        self.by_pool: dict[str, list[HostView]] = {}
+        for h in self.hosts:
+            self.by_pool.setdefault(h.pool, []).append(h)
         self.jobs: dict[int, SimJob] = {}
         self.events: list[tuple[float, int, str, int, int]] = []  # (t, seq, kind, run, epoch)
         self.seq = 0
@@ -210,6 +232,9 @@ class Simulation:
         self.running: dict[int, SimJob] = {}
         self.decision_s: list[float] = []  # wall time of each call
         self.decision_cpu_s: list[float] = []  # its CPU time (blind to the other tenants)
+        # the shortest wall time of `repeat` calls on the same input (a pass does not change
+        # its input): what the pass itself takes, with the other tenants' share mostly removed
+        self.decision_best_s: list[float] = []
         self.busy = 0
         self.busy_queued_gpu_s = 0.0
         self.queued_s = 0.0
@@ -221,6 +246,10 @@ class Simulation:
         self.last_t = 0.0
         self.preemptions = 0
         self.plans = 0
+        # where idle GPUs are while work that may run in their pool is queued (GPU-seconds):
+        # read from the simulator's own state after each pass, so it holds for any scheduler
+        self.idle: dict[str, float] = dict.fromkeys(IDLE_KINDS, 0.0)
+        self.pool_state: dict[str, tuple[int, int, bool]] = {}  # see note_queue
 
     def push(self, t: float, kind: str, run_id: int, epoch: int) -> None:
         self.seq += 1
@@ -242,7 +271,51 @@ class Simulation:
                     cap = POOLS[pool] * GPUS_PER_HOST
                     self.pool_busy_gpu_s += (cap - self.pool_free[pool]) * dt
                     self.pool_cap_gpu_s += cap * dt
+                    if self.pool_free[pool]:
+                        self.account_idle(pool, dt)
         self.last_t = t
+
+    def account_idle(self, pool: str, dt: float) -> None:
+        smallest, single, requester = self.pool_state.get(pool, (0, 0, False))
+        idle = self.idle
+        for h in self.by_pool[pool]:
+            free = h.gpus_free
+            if not free:
+                continue
+            if not smallest or free < smallest:
+                kind = "fragment" if free < h.gpus_total else "whole host, no queued job fits"
+            elif requester:
+                kind = "held while a requester's victims stop"
+            elif single and free >= single:
+                kind = "a one-host job fits: held for the head"
+            else:
+                kind = "gathering hosts for a gang"
+            idle[kind] += free * dt
+
+    def note_queue(self) -> None:
+        """After a pass, per pool: the fewest GPUs per host that a queued job that may run
+        there asks for, the same for one-host jobs, and whether a requester of a preemption
+        plan waits for its victims there."""
+        none = 1 << 30  # no such job queued
+        smallest: dict[str | None, int] = {}
+        single: dict[str | None, int] = {}
+        requester: set[str | None] = set()
+        for job in self.queued.values():
+            v = job.view
+            if v.gpus < smallest.get(v.pool, none):
+                smallest[v.pool] = v.gpus
+            if v.hosts == 1 and v.gpus < single.get(v.pool, none):
+                single[v.pool] = v.gpus
+            if v.preemption_requested:
+                requester.add(v.pool)
+        for pool in POOLS:
+            least = min(smallest.get(pool, none), smallest.get(None, none))
+            least_single = min(single.get(pool, none), single.get(None, none))
+            self.pool_state[pool] = (
+                0 if least == none else least,
+                0 if least_single == none else least_single,
+                pool in requester or None in requester,
+            )
 
     def run(self) -> None:
         while self.events:
@@ -296,6 +369,7 @@ class Simulation:
 
     def decide(self, t: float) -> None:
         if not self.queued:
+            self.pool_state.clear()
             return
         self.refresh(t)
         views = [j.view for j in self.running.values()] + [j.view for j in self.queued.values()]
@@ -304,7 +378,13 @@ class Simulation:
             hosts=self.hosts, jobs=views, classes=CLASSES, quotas=self.quotas, now=t
         )
         self.decision_cpu_s.append(time.thread_time() - cpu)
-        self.decision_s.append(time.perf_counter() - started)
+        best = wall = time.perf_counter() - started
+        self.decision_s.append(wall)
+        for _ in range(self.repeat - 1):
+            started = time.perf_counter()
+            self.scheduler(hosts=self.hosts, jobs=views, classes=CLASSES, quotas=self.quotas, now=t)
+            best = min(best, time.perf_counter() - started)
+        self.decision_best_s.append(best)
         for p in decisions.placements:
             self.start(self.jobs[p.run_id], p, t)
         for plan in decisions.preemptions:
@@ -317,6 +397,7 @@ class Simulation:
                 victim.view.preemption_pending = True
                 grace = CLASSES[victim.view.class_name].grace_s
                 self.push(t + delay + grace, "preempt", impact.run_id, victim.epoch)
+        self.note_queue()
 
     def start(self, job: SimJob, placement: Placement, t: float) -> None:
         v = job.view
@@ -461,7 +542,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--load", type=float, default=0.97, help="offered load / fleet")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="calls of each pass (same input) for the best-of wall time; the first is the one "
+        "applied and the one the plain wall and CPU figures time",
+    )
     args = parser.parse_args()
+    load_before = os.getloadavg()
 
     workload, quotas = make_workload(args.jobs, args.seed, args.load)
     # the workload lives for the whole run: keep the collector from rescanning it in every
@@ -485,7 +574,7 @@ def main() -> int:
     )
     results = {}
     for name, scheduler in contenders:
-        sim = Simulation(workload, quotas, scheduler)
+        sim = Simulation(workload, quotas, scheduler, args.repeat)
         wall = time.perf_counter()
         sim.run()
         wall = time.perf_counter() - wall
@@ -506,9 +595,12 @@ def main() -> int:
             "p99": pct(sim.decision_s, 0.99) * 1000,
             "cpu50": pct(sim.decision_cpu_s, 0.5) * 1000,
             "cpu99": pct(sim.decision_cpu_s, 0.99) * 1000,
+            "best50": pct(sim.decision_best_s, 0.5) * 1000,
+            "best99": pct(sim.decision_best_s, 0.99) * 1000,
             "util_queued": sim.busy_queued_gpu_s / (n_gpus * sim.queued_s) * 100,
             "util": sim.busy_gpu_s / (n_gpus * end) * 100,
             "util_pool": sim.pool_busy_gpu_s / sim.pool_cap_gpu_s * 100,
+            "idle": {k: v / sim.pool_cap_gpu_s * 100 for k, v in sim.idle.items()},
             "work_gpu_h": sum(j.view.gpus * j.view.hosts * j.work_s for j in jobs) / 3600.0,
             "waits": {c: (statistics.fmean(v), pct(v, 0.95)) for c, v in waits.items()},
             "team_best": min(team_means),
@@ -528,6 +620,10 @@ def main() -> int:
         ("decision time p50", lambda r: f"{r['p50']:.2f} ms"),
         ("decision time p99", lambda r: f"{r['p99']:.2f} ms"),
         ("decision CPU time p50 / p99", lambda r: f"{r['cpu50']:.2f} / {r['cpu99']:.2f} ms"),
+        (
+            f"decision time p50 / p99, best of {args.repeat}",
+            lambda r: f"{r['best50']:.2f} / {r['best99']:.2f} ms",
+        ),
         ("GPU utilisation while work is queued", lambda r: f"{r['util_queued']:.1f} %"),
         (
             "GPU utilisation of pools their queued work may use",
@@ -565,14 +661,34 @@ def main() -> int:
     for label, fmt in rows:
         cells = [fmt(results[n]).ljust(w) for n, w in zip(names, widths[1:], strict=True)]
         print(" | ".join([label.ljust(widths[0])] + cells))
+    print(
+        "\nidle GPUs of pools their queued work may use, by kind "
+        "(% of those pools' capacity; after each pass):"
+    )
+    for kind in IDLE_KINDS:
+        cells = [
+            f"{results[n]['idle'][kind]:.1f} %".ljust(w)
+            for n, w in zip(names, widths[1:], strict=True)
+        ]
+        print(" | ".join([kind.ljust(widths[0])] + cells))
     base = results["strict priority"]
     pol = results["policy"]
     print(
         f"\npolicy decision time vs strict-priority baseline (same run): "
         f"p50 {pol['p50'] / base['p50']:.1f}x, p99 {pol['p99'] / base['p99']:.1f}x; "
         f"aim p99 <= 5 ms: {'met' if pol['p99'] <= 5 else 'not met'} "
-        f"(CPU time p99 {pol['cpu99']:.2f} ms: {'met' if pol['cpu99'] <= 5 else 'not met'}); "
-        f"aim utilisation while queued >= 95 %: {'met' if pol['util_queued'] >= 95 else 'not met'}"
+        f"(best of {args.repeat} p99 {pol['best99']:.2f} ms: "
+        f"{'met' if pol['best99'] <= 5 else 'not met'}; "
+        f"CPU time p99 {pol['cpu99']:.2f} ms: {'met' if pol['cpu99'] <= 5 else 'not met'}); "
+        f"aim utilisation while queued >= 95 %: "
+        f"{'met' if pol['util_queued'] >= 95 else 'not met'} for the fleet, "
+        f"{'met' if pol['util_pool'] >= 95 else 'not met'} per pool"
+    )
+    print(
+        "load average (1 / 5 / 15 min) at the start: "
+        + " / ".join(f"{x:.2f}" for x in load_before)
+        + ", after the simulations: "
+        + " / ".join(f"{x:.2f}" for x in os.getloadavg())
     )
     print("\none pass on a full fleet (every GPU busy), CPU time over 30 passes:")
     for n_queued in (200, 2000):

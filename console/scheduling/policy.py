@@ -173,21 +173,47 @@ class _Index:
         return sum(len(b) for units, b in self.buckets.items() if units >= need)
 
     def pick(
-        self, need: int, n: int, ends: dict[str, float] | None = None, end: float = 0.0
+        self,
+        need: int,
+        n: int,
+        ends: dict[str, float] | None = None,
+        end: float = 0.0,
+        prefer: dict[str, int] | None = None,
     ) -> list[str] | None:
-        """Best fit: the n fullest hosts that still have `need` free, or None. With `ends`
-        (when each host's running jobs end), a one-host job takes, among the fullest, the
-        host whose jobs end closest to its own `end`: the host then frees whole, not in
-        fragments that the 8-GPU jobs cannot use."""
+        """Best fit: the n fullest hosts that still have `need` free, or None.
+
+        With `prefer` (the hosts reserved for the head of the queue, given for a job that
+        ends before the head starts), those hosts come first: they would idle until the head
+        starts, while the others can take the jobs that run past it.
+
+        With `ends` (per host, when the last of its jobs ends), a one-host job goes, before
+        best fit, to a host it does not keep busy longer (its jobs end after this job does);
+        among those the fullest, then the one whose jobs end closest to its own `end`. A host
+        then frees whole, not in fragments that the jobs wanting a whole host cannot use."""
+        if n == 1 and ends is not None:
+            best: tuple[bool, bool, int, float, str] | None = None
+            for units in sorted(u for u in self.buckets if u >= need):
+                for host in self.buckets[units]:
+                    last = ends.get(host, 0.0)
+                    key = (
+                        prefer is not None and host not in prefer,
+                        last < end or last <= 0.0,  # it would outlast the host's jobs
+                        units,
+                        abs(last - end),
+                        host,
+                    )
+                    if best is None or key < best:
+                        best = key
+            return None if best is None else [best[-1]]
         chosen: list[str] = []
-        for units in sorted(u for u in self.buckets if u >= need):
-            bucket = self.buckets[units]
-            if n == 1 and ends is not None and len(bucket) > 1:
-                return [min(bucket, key=lambda h: (abs(ends.get(h, 0.0) - end), h))]
-            for host in bucket:
-                chosen.append(host)
-                if len(chosen) == n:
-                    return chosen
+        for first in (True, False) if prefer else (False,):
+            for units in sorted(u for u in self.buckets if u >= need):
+                for host in self.buckets[units]:
+                    if prefer and (host in prefer) != first:
+                        continue
+                    chosen.append(host)
+                    if len(chosen) == n:
+                        return chosen
         return None
 
 
@@ -544,8 +570,8 @@ class _Pass:
                 self.place(job, lanes[0], hosts, need, end, backfill)
                 return
         else:
-            # any pool: where it fits best (least left free on the hosts it takes, so whole
-            # hosts stay whole for the 8-GPU jobs), then the pool with the most idle capacity
+            # any pool: the pool with the most idle capacity beyond what the jobs pinned to
+            # it want, then where it fits best (least left free on the hosts it takes)
             best: tuple[int, int, int, _Lane, list[str], bool] | None = None
             for i, lane in enumerate(lanes):
                 hosts, backfill = self.try_place(lane, need, job.hosts, end)
@@ -571,19 +597,13 @@ class _Pass:
             return
         if job.preemption_requested:
             self.wait(job, "waiting: its preemption request is open; victims stop first")
-            for lane in possible:
-                if lane.reservation is None:
-                    self.reserve(job, lane, need)
-                    break
+            self.reserve(job, possible, need)
             return
         for lane in possible:
             if self.try_preempt(job, lane, need):
                 return
         self.wait(job, self.blocked_reason(job, possible, need))
-        for lane in possible:
-            if lane.reservation is None:
-                self.reserve(job, lane, need)
-                break
+        self.reserve(job, possible, need)
 
     def try_place(
         self, lane: _Lane, need: int, n: int, end: float
@@ -595,8 +615,12 @@ class _Pass:
         key = (need, n, long)
         if key in lane.unfit:
             return None, res is not None
-        index = res.long if res is not None and long else lane.now
-        hosts = index.pick(need, n, lane.ends, end) if n == 1 else index.pick(need, n)
+        if res is not None and long:
+            index, prefer = res.long, None
+        else:
+            index, prefer = lane.now, (res.slack if res is not None else None)
+        ends = lane.ends if n == 1 else None
+        hosts = index.pick(need, n, ends, end, prefer)
         if hosts is None:
             lane.unfit.add(key)
         return hosts, res is not None
@@ -681,7 +705,14 @@ class _Pass:
 
     # -- reservation (backfill) -----------------------------------------------------------
 
-    def reserve(self, job: JobView, lane: _Lane, need: int) -> None:
+    def reserve(self, job: JobView, lanes: list[_Lane], need: int) -> None:
+        """Make the job the head of the first of `lanes` that has none. (For a job for any
+        pool, reserving where it could start soonest measured no better over six seeds.)"""
+        for lane in lanes:
+            if lane.reservation is None:
+                break
+        else:
+            return
         found = lane.earliest(need, job.hosts, self.now)
         if found is None:
             return

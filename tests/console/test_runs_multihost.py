@@ -3,7 +3,9 @@
 rendezvous on node 0's host and report as one run. Killing one node's process mid-run stops
 the whole gang (no process of it is left) and puts the run back in the queue; it resumes on
 both hosts from its checkpoint, is preempted as a whole through its Control (both nodes exit
-cleanly), resumes again and finishes with every step's metrics and samples once."""
+cleanly), resumes again, loses one host's whole agent mid-run (the attempt is lost, nothing of
+it is left), resumes once the agent is back, and finishes with every step's metrics and samples
+once."""
 
 from __future__ import annotations
 
@@ -163,6 +165,35 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     assert list(second.allocations.values_list("exit_code", flat=True)) == [0, 0]
     assert gang_processes([n.pid for n in second.allocations.all() if n.pid]) == []
 
+    # Resumed again, node b's whole host agent is killed (its job dies with it) and comes
+    # back: the attempt is lost, node a's job is stopped too, nothing of it is left, and the
+    # run resumes on both hosts from its last checkpoint.
+    wait_for(
+        lambda: TrajectoryRecord.objects.filter(
+            run_id=run_id, attempt__number=3, attempt__state="running"
+        ).exists(),
+        timeout=300,
+        what="the third attempt to train",
+        cluster=cluster,
+    )
+    third = Attempt.objects.get(run_id=run_id, number=3)
+    third_pids = [n.pid for n in third.allocations.all() if n.pid]
+    cluster.kill("node-b")
+    cluster.start_agent("node-b")
+    wait_for(
+        lambda: (
+            not Allocation.objects.filter(
+                attempt=third, state__in=[AllocationState.STARTING, AllocationState.RUNNING]
+            ).exists()
+        ),
+        timeout=120,
+        what="both nodes of the third attempt to end after node b's agent died",
+        cluster=cluster,
+    )
+    third.refresh_from_db()
+    assert third.state == "lost", (third.state, third.error)
+    assert gang_processes(third_pids) == [], "a process of the dead agent's gang is still running"
+
     wait_for(
         lambda: Run.objects.get(pk=run_id).state in ("completed", "failed", "cancelled"),
         timeout=900,
@@ -172,10 +203,11 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     final = Run.objects.get(pk=run_id)
     assert final.state == "completed", f"{final.state_reason}\n{final.error}\n{cluster.logs()}"
     attempts = list(Attempt.objects.filter(run=final).order_by("number"))
-    assert [a.state for a in attempts] == ["lost", "preempted", "completed"]
+    assert [a.state for a in attempts] == ["lost", "preempted", "lost", "completed"]
     last = attempts[-1]
     preempted = Checkpoint.objects.get(run=final, reason="preempt")
-    assert last.start_step == preempted.step > second.start_step
+    assert third.start_step == preempted.step > second.start_step
+    assert last.start_step >= preempted.step
     assert last.allocations.count() == 2
     wait_for(
         lambda: set(last.allocations.values_list("state", flat=True)) == {AllocationState.EXITED},
@@ -193,17 +225,18 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     assert set(counts.values()) == {PROMPTS * GROUP}
     started = RunEvent.objects.filter(run=final, kind="run.started", attempt=last)
     assert [e.data["world_size"] for e in started] == [2]
-    # Both nodes' starts and exits, for every attempt.
+    # Both nodes' starts and exits, for every attempt (node b's exit in the attempt its agent
+    # died with has nobody to report it: its allocation is marked lost instead).
     for attempt in attempts:
         events = RunEvent.objects.filter(run=final, attempt=attempt)
+        exits = [0] if attempt.pk == third.pk else [0, 1]
         assert sorted(events.filter(kind="node.started").values_list("data__node", flat=True)) == [
             0,
             1,
         ]
-        assert sorted(events.filter(kind="node.exited").values_list("data__node", flat=True)) == [
-            0,
-            1,
-        ]
+        assert (
+            sorted(events.filter(kind="node.exited").values_list("data__node", flat=True)) == exits
+        )
     # Each step's timeline holds both ranks.
     timeline = RunEvent.objects.filter(run=final, kind="step.timeline", step=STEPS).first()
     assert timeline is not None

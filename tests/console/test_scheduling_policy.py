@@ -222,6 +222,52 @@ def test_backfill_may_use_capacity_the_reservation_does_not_need():
     assert placed(d) == {11: ["h1"]}
 
 
+def _gang_head_fleet() -> tuple[list[HostView], list[JobView]]:
+    # h1 and h3 idle, h2 full until t+1000, h4 half busy for long: the head, a 3-host gang,
+    # starts at t+1000 on h1, h2 and h3; h4's 4 free GPUs are no part of its reservation
+    fleet = fleet_using(("h1", 0), ("h2", 8), ("h3", 0), ("h4", 4))
+    jobs = [
+        running(1, {"h2": 8}, est_remaining_s=1000.0),
+        running(2, {"h4": 4}, est_remaining_s=50_000.0),
+        job(10, gpus=8, hosts=3, priority=10),
+    ]
+    return fleet, jobs
+
+
+def test_a_backfill_that_ends_before_the_head_starts_takes_a_reserved_host():
+    fleet, jobs = _gang_head_fleet()
+    short = job(11, gpus=4, est_remaining_s=500.0)  # ends before the gang can start
+    long = job(12, gpus=4, est_remaining_s=20_000.0)
+    d = run(fleet, [*jobs, short, long])
+    # the short job takes a reserved host, which would idle until the gang starts; best fit
+    # alone would have put it on h4 and left the long job nowhere to go
+    assert placed(d) == {11: ["h1"], 12: ["h4"]}
+    assert all(p.reason.endswith("by backfill") for p in d.placements)
+    assert d.waiting[10].startswith("waiting: needs 3 host(s)")
+
+
+def test_a_backfill_that_would_delay_the_gang_is_refused():
+    fleet, jobs = _gang_head_fleet()
+    d = run(fleet, [*jobs, job(11, gpus=8, est_remaining_s=1500.0)])  # ends after t+1000
+    assert placed(d) == {}
+    assert d.waiting[11] == "waiting: behind higher-priority run 10"
+    d = run(fleet, [*jobs, job(11, gpus=8, est_remaining_s=900.0)])
+    assert placed(d) == {11: ["h1"]}
+
+
+def test_a_small_job_goes_where_it_does_not_keep_the_host_busy_longer():
+    # best fit would take h1 (2 free, exact), whose job ends at t+100: h1 would then stay
+    # 6 GPUs idle for hours behind this job; h2's jobs run past it, so h2 frees whole later
+    fleet = fleet_using(("h1", 6), ("h2", 4))
+    jobs = [
+        running(1, {"h1": 6}, est_remaining_s=100.0),
+        running(2, {"h2": 4}, est_remaining_s=5000.0),
+    ]
+    assert placed(run(fleet, [*jobs, job(3, gpus=2, est_remaining_s=3000.0)])) == {3: ["h2"]}
+    # a job that ends before h1's does still takes the best fit
+    assert placed(run(fleet, [*jobs, job(3, gpus=2, est_remaining_s=50.0)])) == {3: ["h1"]}
+
+
 def test_preemption_picks_the_cheapest_victim_and_previews_its_impact():
     fleet = fleet_using(("h1", 8), ("h2", 8))
     jobs = [
