@@ -545,10 +545,21 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
     assert_nothing_left(sandbox.name)
 
 
+@pytest.mark.parametrize("launcher", ["built", "shell"])
 @pytest.mark.parametrize("supervise", ["never", "always"])
-def test_bwrap_starts_with_the_sandbox_ids_limits_and_no_capabilities(supervise, monkeypatch):
-    """The launch (a shell and setpriv, no Python preexec_fn) gives what the preexec_fn gave."""
+def test_bwrap_starts_with_the_sandbox_ids_limits_and_no_capabilities(
+    supervise, launcher, monkeypatch
+):
+    """The launch (``sandbox-launch``, or a shell and setpriv; no Python preexec_fn) gives
+    what the preexec_fn gave."""
+    from sandboxes import bwrap
+    from sandboxes.workspace import sandboxes_root
+
     monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
+    if launcher == "shell":
+        monkeypatch.setenv("SANDBOXES_LAUNCHER", "shell")
+    elif bwrap.launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
     spec = SandboxSpec(open_files=77, disk_mb=3)
     with Sandbox(spec) as sandbox:
         result = sandbox.run(["cat", "/proc/self/status", "/proc/self/limits"])
@@ -565,10 +576,13 @@ def test_bwrap_starts_with_the_sandbox_ids_limits_and_no_capabilities(supervise,
     assert result.exit_code == 0
 
 
-def test_bwrap_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path):
+@pytest.mark.parametrize("launcher", ["built", "shell"])
+def test_bwrap_never_starts_when_joining_its_cgroup_fails(launcher, monkeypatch, tmp_path):
     """A launch whose cgroup join fails stops before bwrap: nothing runs outside the group."""
     from sandboxes.cgroups import RunMark
 
+    if launcher == "shell":
+        monkeypatch.setenv("SANDBOXES_LAUNCHER", "shell")
     with Sandbox(SandboxSpec()) as sandbox:
         driver = sandbox._require()  # type: ignore[attr-defined]
         real_begin = driver.cgroup.begin_run
@@ -581,7 +595,7 @@ def test_bwrap_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path)
         monkeypatch.setattr(driver.cgroup, "begin_run", broken_begin)
         with pytest.raises(SandboxError, match="could not set up the sandbox"):
             sandbox.run(["touch", "/work/ran"])
-        monkeypatch.undo()
+        monkeypatch.setattr(driver.cgroup, "begin_run", real_begin)
         assert sandbox.run(["ls", "/work"]).stdout == ""
     assert_nothing_left(sandbox.name)
 
@@ -658,3 +672,32 @@ def test_the_janitor_also_reaps_dead_owners_workspaces_under_the_old_disk_root(
     assert workspace.roots_to_reap() == [tmp_path / "memory-root", tmp_path / "disk-root"]
     assert left.name in janitor.reap_stale()
     assert not left.exists() and alive.exists()
+
+
+def test_a_planted_launcher_binary_is_never_executed(tmp_path):
+    """The launcher runs as root: a file at its name that others could write is built over."""
+    import hashlib
+    import shutil
+
+    from sandboxes import bwrap
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
+    root = tmp_path / "root"
+    root.mkdir(mode=0o711)
+    digest = hashlib.sha256(bwrap.LAUNCH_SOURCE.read_bytes()).hexdigest()[:16]
+    planted = root / f"sandbox-launch-{digest}"
+    planted.write_text("#!/bin/sh\ntouch /tmp/owned\n")
+    planted.chmod(0o777)
+    built = bwrap.launch_binary(root)
+    assert built == str(planted)
+    assert planted.read_bytes()[:4] == b"\x7fELF"
+    assert planted.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in root.iterdir()] == [planted.name]  # no staging file left
+    # It refuses what it is not told to run: no relative program, no unknown option.
+    refused = subprocess.run([built, "--", "true"], capture_output=True, text=True, check=False)
+    assert refused.returncode == 125 and "absolute" in refused.stderr
+    refused = subprocess.run(
+        [built, "--bogus", "--", "/bin/true"], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 125 and "bad argument" in refused.stderr
