@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot
+from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot, reaper
 from sandboxes.workspace import sandboxes_root
 
 COMMAND = ["python3", "-c", "pass"]
@@ -198,6 +198,7 @@ def throughput(runs: int, concurrency: int) -> None:
     bare_s = (bare_s + bare_again_s) / 2
     bare_cpu = (bare_cpu + bare_again_cpu) / 2
     bare_failures += bare_again_failures
+    reaper.drain()  # closing leaves the removal to the reaper thread
     prefix = f"sb-{os.getpid()}-"
     root = sandboxes_root()
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]

@@ -515,18 +515,62 @@ class BwrapDriver:
             raise
 
     def close(self) -> None:
-        """Kills everything, waits for a run in another thread to return, removes all state."""
+        """Kills everything, waits for a run in another thread to return, removes all state.
+
+        Where the cgroup kills atomically, every process gets its SIGKILL before this returns
+        and the rest (waiting for them to be gone, removing the cgroup and the workspace) is
+        left to ``sandboxes.reaper``, off the caller's path; elsewhere it is done here.
+        """
         errors = []
+        cgroup = self.cgroup
         try:
-            self.kill()
+            # A run in another thread is ended first (it holds the lock until it returns).
+            if self._lock.locked() or cgroup is None or not cgroup.can_kill_atomically:
+                self.kill()
         except SandboxError as exc:
             errors.append(str(exc))
         with self._lock:
             self._args = []  # no run can start any more
+            cgroup = self.cgroup
+            if cgroup is not None and not errors:
+                try:
+                    if cgroup.kill_now():  # the supervisor and all, in one step
+                        self._hand_to_reaper(cgroup)
+                        return
+                except (SandboxError, OSError) as exc:
+                    errors.append(f"cannot kill the sandbox's processes: {exc}")
             self._stop_supervisor()
             self._remove(errors)
         if errors:
             raise SandboxError("; ".join(errors))
+
+    def _hand_to_reaper(self, cgroup: CgroupGroup) -> None:
+        """Detaches what is left of a sandbox whose processes are all killed, for the reaper."""
+        from sandboxes import reaper
+
+        supervisor, self._supervisor = self._supervisor, None
+        self._supervisor_mark = None
+        self.cgroup = None
+        workspace = self.workspace
+        if supervisor is not None:
+            supervisor.alive = False
+
+        def remove() -> None:
+            if supervisor is not None:
+                supervisor.stop()  # reaps bwrap (killed with the rest)
+            errors: list[str] = []
+            try:
+                cgroup.remove()  # waits until the killed processes are gone (re-kills if not)
+            except SandboxError as exc:
+                errors.append(str(exc))
+            try:
+                workspace.remove()
+            except (SandboxError, OSError) as exc:
+                errors.append(str(exc))
+            if errors:
+                raise SandboxError("; ".join(errors))
+
+        reaper.submit(remove)
 
     def _remove(self, errors: list[str]) -> None:
         if self.cgroup is not None:
@@ -843,10 +887,16 @@ class BwrapDriver:
     def _stop_supervisor(self) -> None:
         supervisor, self._supervisor = self._supervisor, None
         mark, self._supervisor_mark = self._supervisor_mark, None
+        if self.cgroup is not None and mark is not None:
+            # Killed, not asked to exit: nothing in the sandbox needs a graceful end, and a
+            # supervisor's own exit (Python's finalisation, then bwrap's) kept close() waiting
+            # 1.9 ms here (p50; p90 5 ms) against a few writes to the freezer.
+            if supervisor is not None:
+                supervisor.alive = False
+            self.cgroup.kill_run(mark)
         if supervisor is not None:
             supervisor.stop()
         if self.cgroup is not None and mark is not None:
-            self.cgroup.kill_run(mark)
             self.cgroup.end_run(mark)
 
     def _captured_result(

@@ -245,6 +245,18 @@ class CgroupGroup:
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 
+    def kill_now(self) -> bool:
+        """SIGKILLs every process in the group in one atomic step (frozen first, or through
+        ``cgroup.kill``: none can fork meanwhile), without waiting for them to be gone.
+
+        False, having done nothing, where the group cannot be killed atomically.
+        """
+        if not self.can_kill_atomically:
+            return False
+        if self.pids():
+            self._kill_atomically()
+        return True
+
     def kill_run(self, mark: RunMark, timeout: float = 10.0) -> None:
         """SIGKILLs every process of one run (its child group) and waits until none is left.
 

@@ -53,6 +53,9 @@ def _close_forgotten_sandboxes() -> None:
     for sandbox in list(_open_sandboxes):
         with contextlib.suppress(Exception):
             sandbox.close()
+    from sandboxes import reaper
+
+    reaper.drain()  # what closing handed to the reaper thread, before the interpreter ends
 
 
 def new_sandbox_name() -> str:
@@ -86,8 +89,9 @@ class Sandbox:
     """``with Sandbox(spec) as sb: sb.run([...])`` — files and cwd persist across runs.
 
     Leaving the block (or ``close()``) kills every process of the sandbox and removes its
-    cgroup and work directory. ``weakened`` names the defences this sandbox runs without
-    (only ever non-empty when the spec's ``allow_weaker`` permitted it).
+    cgroup and work directory (the removal on ``sandboxes.reaper``'s thread, once every process
+    has its SIGKILL; ``reaper.drain()`` waits for it). ``weakened`` names the defences this
+    sandbox runs without (only ever non-empty when the spec's ``allow_weaker`` permitted it).
     """
 
     def __init__(

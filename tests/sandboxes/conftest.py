@@ -26,8 +26,12 @@ def _cgroup_dirs(name: str) -> list[Path]:
 
 
 def leftovers(name: str, marker: str | None = None) -> list[str]:
-    """What a sandbox called ``name`` left on the host (empty when nothing)."""
+    """What a sandbox called ``name`` left on the host (empty when nothing), once the reaper
+    has removed what closed sandboxes handed it."""
+    from sandboxes import reaper
     from sandboxes.workspace import sandboxes_root
+
+    assert reaper.drain(timeout=30), "the reaper did not finish removing closed sandboxes"
 
     found = [f"cgroup {p}" for p in _cgroup_dirs(name) if p.exists()]
     workspace = sandboxes_root() / name
@@ -83,9 +87,13 @@ def _cgroup_parent_removed_at_end():
 
 
 def sandboxes_of_this_process() -> list[str]:
-    """Workspaces and cgroups still present that this test process created."""
+    """Workspaces and cgroups still present that this test process created (once the reaper
+    has removed what closed sandboxes handed it)."""
+    from sandboxes import reaper
     from sandboxes.cgroups import _parent_name, cgroup_mounts
     from sandboxes.workspace import sandboxes_root
+
+    assert reaper.drain(timeout=30), "the reaper did not finish removing closed sandboxes"
 
     prefix = f"sb-{os.getpid()}-"
     found = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def test_refuses_to_start_without_a_defence_unless_the_spec_allows_it(monkeypatc
 
 
 def test_cgroup_v2_groups_kill_and_measure_on_a_real_unified_hierarchy(monkeypatch):
-    from sandboxes import cgroups
+    from sandboxes import cgroups, reaper
 
     v1, v2 = cgroups.cgroup_mounts()
     if v2 is None or not os.access(v2, os.W_OK):
@@ -184,6 +185,7 @@ def test_cgroup_v2_groups_kill_and_measure_on_a_real_unified_hierarchy(monkeypat
         group_path = Path(unified._v2_parent) / sandbox.name
         assert group_path.is_dir()
     assert result.timed_out and result.cpu_s is not None
+    assert reaper.drain(timeout=30)  # closing left the removal to the reaper
     assert not group_path.exists()
 
 
@@ -701,3 +703,32 @@ def test_a_planted_launcher_binary_is_never_executed(tmp_path):
         [built, "--bogus", "--", "/bin/true"], capture_output=True, text=True, check=False
     )
     assert refused.returncode == 125 and "bad argument" in refused.stderr
+
+
+def test_close_kills_every_process_before_it_returns_and_the_reaper_removes_the_rest():
+    """Closing hands the removal to the reaper, but not before every process has its SIGKILL."""
+    from sandboxes import reaper
+
+    sandbox = Sandbox(SandboxSpec()).open()
+    sandbox.run(["true"])
+    sandbox.run(["true"])  # a supervisor (Python, in its pid namespace) and its bwrap now live
+    group = sandbox._require().cgroup  # type: ignore[attr-defined]
+    pids = group.pids()
+    assert len(pids) >= 2
+    sandbox.close()
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            flags = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[6])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone already
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        pending = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+        dying = (
+            fields["State"].startswith(("Z", "X"))
+            or pending & (1 << (signal.SIGKILL - 1))
+            or flags & 0x4  # PF_EXITING: the SIGKILL was taken and it is on its way out
+        )
+        assert dying, f"process {pid} of a closed sandbox is not dying: {fields['State']}"
+    assert reaper.drain(timeout=30)
+    assert_nothing_left(sandbox.name)

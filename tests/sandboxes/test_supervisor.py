@@ -244,9 +244,9 @@ def test_supervised_runs_on_a_real_unified_hierarchy(monkeypatch):
     assert slow.timed_out and slow.signal == 9
     assert int(count.stdout) <= 4
     assert evaluated.stdout == "42\n"
-    assert not group_path.exists()
-    assert_nothing_left(sandbox.name)
+    assert_nothing_left(sandbox.name)  # once the reaper is done
     assert_nothing_left(zygote.name)
+    assert not group_path.exists()
 
 
 def test_a_sandbox_can_choose_its_path(monkeypatch):
