@@ -303,7 +303,7 @@ def _launch_binary(root: Path) -> str | None:
         return None
     target = root / f"sandbox-launch-{hashlib.sha256(source).hexdigest()[:16]}"
     if _trusted_binary(target):
-        return str(target)
+        return str(target) if _runs(target) else None
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
@@ -330,7 +330,19 @@ def _launch_binary(root: Path) -> str | None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staging)
-    return str(target) if _trusted_binary(target) else None
+    return str(target) if _trusted_binary(target) and _runs(target) else None
+
+
+def _runs(binary: Path) -> bool:
+    """Whether the binary can be executed from where it lies (a ``noexec`` root cannot), which
+    holds inside the sandbox too: its init is a bind of the same file, with the same flags."""
+    try:
+        probe = subprocess.run(
+            [str(binary), "--", "/bin/true"], env=LAUNCH_ENV, capture_output=True, check=False
+        )
+    except OSError:
+        return False
+    return probe.returncode == 0
 
 
 def launcher(

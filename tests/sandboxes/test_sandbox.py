@@ -732,3 +732,32 @@ def test_close_kills_every_process_before_it_returns_and_the_reaper_removes_the_
         assert dying, f"process {pid} of a closed sandbox is not dying: {fields['State']}"
     assert reaper.drain(timeout=30)
     assert_nothing_left(sandbox.name)
+
+
+def test_a_root_where_nothing_may_execute_falls_back_to_the_shell_launch(monkeypatch):
+    """On a ``noexec`` root the launcher could not run (nor be the init): the shell launch is."""
+    import shutil
+
+    from sandboxes import bwrap, workspace
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
+    # Where the sandbox uid can reach it (pytest's tmp_path is private to root).
+    root = Path("/dev/shm") / f"sandboxes-noexec-test-{os.getpid()}"  # noqa: S108
+    root.mkdir(mode=0o711)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=8m", "tmpfs", str(root)], check=True)
+    os.chmod(root, 0o711)  # noqa: S103 - the sandbox uid passes through, as for the real root
+    try:
+        assert bwrap.launch_binary(root) is None
+        monkeypatch.setenv("SANDBOXES_ROOT", str(root))
+        with Sandbox(SandboxSpec(allow_weaker=["disk_limit"])) as sandbox:
+            result = sandbox.run(["echo", "ran"])
+            assert result.stdout == "ran\n", result
+    finally:
+        from sandboxes import reaper
+
+        reaper.drain(timeout=30)
+        workspace.unmount(root)
+        root.rmdir()
