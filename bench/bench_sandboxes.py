@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot, reaper
+from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot, reaper, spares
 from sandboxes.workspace import sandboxes_root
 
 COMMAND = ["python3", "-c", "pass"]
@@ -199,6 +199,7 @@ def throughput(runs: int, concurrency: int) -> None:
     bare_cpu = (bare_cpu + bare_again_cpu) / 2
     bare_failures += bare_again_failures
     reaper.drain()  # closing leaves the removal to the reaper thread
+    spares.discard_all()  # storage made ahead for the next sandbox: not a leftover
     prefix = f"sb-{os.getpid()}-"
     root = sandboxes_root()
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]

@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from sandboxes import seccomp
-from sandboxes.cgroups import CgroupGroup, RunMark, manager
+from sandboxes import seccomp, spares
+from sandboxes.cgroups import CgroupGroup, CgroupManager, RunMark, manager
 from sandboxes.errors import SandboxError, SandboxPathError, WeakerIsolationError
 from sandboxes.result import ExecResult, OutputCallback, StreamCapture
 from sandboxes.spec import TMP_DIR, WORK_DIR, SandboxSpec
@@ -503,17 +503,15 @@ class BwrapDriver:
         refused = {d: why for d, why in missing.items() if not self.spec.allows_weaker(d)}
         if refused:
             raise WeakerIsolationError(refused)
+        shape = self._storage_shape(cgroups)
+        spare = spares.take(shape)
         try:
-            self.cgroup = cgroups.create(self.name)
-            if self.cgroup is not None:
-                # Files on the work tmpfs are memory charged to the sandbox: the total is
-                # processes + files; each run's processes alone get memory_mb (see RunMark).
-                self.cgroup.set_limits(
-                    memory_mb=self.spec.memory_mb + self.spec.disk_mb + SUPERVISOR_MEMORY_MB,
-                    pids=self.spec.pids,
-                    cpu=self.spec.cpu,
-                )
-            disk_missing = self.workspace.create()
+            if spare is not None:  # made ahead for this shape, never used (sandboxes.spares)
+                self.name, self.cgroup, self.workspace = spare.name, spare.cgroup, spare.workspace
+                disk_missing = spare.disk_missing
+            else:
+                self.cgroup, disk_missing = self._make_storage(cgroups, self.name, self.workspace)
+            spares.prepare(shape, functools.partial(self._make_spare, cgroups))
             if disk_missing is not None:
                 if not self.spec.allows_weaker("disk_limit"):
                     raise WeakerIsolationError({"disk_limit": disk_missing})
@@ -525,6 +523,51 @@ class BwrapDriver:
         except BaseException:
             self.close()
             raise
+
+    def _storage_shape(self, cgroups: CgroupManager) -> tuple[object, ...]:
+        """What a spare must match to serve this sandbox: where and how its storage is made."""
+        parents = tuple(sorted(str(p) for p in cgroups._v1_parents.values()))
+        return (
+            cgroups.version,
+            parents,
+            str(cgroups._v2_parent),
+            str(self.root),
+            self.uid,
+            self.gid,
+            self.spec.memory_mb,
+            self.spec.disk_mb,
+            self.spec.pids,
+            self.spec.cpu,
+        )
+
+    def _make_storage(
+        self, cgroups: CgroupManager, name: str, workspace: Workspace
+    ) -> tuple[CgroupGroup | None, str | None]:
+        """The sandbox's cgroup with its limits, and its workspace (why it has no size limit)."""
+        group = cgroups.create(name)
+        try:
+            if group is not None:
+                # Files on the work tmpfs are memory charged to the sandbox: the total is
+                # processes + files; each run's processes alone get memory_mb (see RunMark).
+                group.set_limits(
+                    memory_mb=self.spec.memory_mb + self.spec.disk_mb + SUPERVISOR_MEMORY_MB,
+                    pids=self.spec.pids,
+                    cpu=self.spec.cpu,
+                )
+            return group, workspace.create()
+        except BaseException:
+            if group is not None:
+                group.remove()
+            workspace.remove()
+            raise
+
+    def _make_spare(self, cgroups: CgroupManager) -> spares.Spare:
+        from sandboxes.sandbox import new_sandbox_name
+
+        name = new_sandbox_name()
+        workspace = Workspace(self.root, name, self.spec.disk_mb, self.uid, self.gid)
+        group, disk_missing = self._make_storage(cgroups, name, workspace)
+        return spares.Spare(name, group, workspace, disk_missing)
 
     def close(self) -> None:
         """Kills everything, waits for a run in another thread to return, removes all state.

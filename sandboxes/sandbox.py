@@ -130,6 +130,8 @@ class Sandbox:
         if self.supervise is not None and hasattr(driver, "supervise"):
             driver.supervise = self.supervise
         driver.start()
+        # A sandbox that took a spare's storage goes by the spare's name (sandboxes.spares).
+        self.name = getattr(driver, "name", self.name)
         self._driver = driver
         _open_sandboxes.add(self)
         try:

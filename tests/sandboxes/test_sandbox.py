@@ -761,3 +761,30 @@ def test_a_root_where_nothing_may_execute_falls_back_to_the_shell_launch(monkeyp
         reaper.drain(timeout=30)
         workspace.unmount(root)
         root.rmdir()
+
+
+def test_a_spare_made_ahead_serves_one_sandbox_once_and_is_as_fresh_as_a_new_one():
+    """``open()`` takes storage made ahead (sandboxes.spares): never used, never shared."""
+    from sandboxes import reaper, spares
+    from sandboxes.workspace import sandboxes_root
+
+    spec = SandboxSpec(memory_mb=96, disk_mb=16)
+    with Sandbox(spec) as first:
+        first.write_files({"mine.txt": "first's"})
+        assert first.run(["sh", "-c", "echo x > /tmp/t; echo y > /dev/shm/s"]).exit_code == 0
+    assert reaper.drain(timeout=30)  # the spare for this shape is made by now
+    made = [p.name for p in sandboxes_root().iterdir() if p.name.startswith(f"sb-{os.getpid()}-")]
+    second = Sandbox(spec)
+    planned = second.name
+    with second:
+        assert second.name != planned and second.name in made  # it took the spare
+        listing = second.run(["ls", "-A", "/work", "/tmp", "/dev/shm"])
+        assert listing.stdout == "/dev/shm:\n\n/tmp:\n\n/work:\n"
+        pid = os.fork()
+        if pid == 0:  # a forked child never gets its parent's spares
+            os._exit(0 if not spares._spares else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    assert_nothing_left(first.name)
+    assert_nothing_left(second.name)
+    spares.discard_all()
+    assert not [p for p in sandboxes_root().iterdir() if p.name.startswith(f"sb-{os.getpid()}-")]
