@@ -5,14 +5,14 @@ sandbox ever started, however it forked: memory (limit, peak, OOM count), pids (
 count), cpu (CFS quota), cpuacct/cpu.stat (CPU seconds) and the freezer or ``cgroup.kill`` (a
 race-free kill of the whole group, fork bombs included).
 
-The sandbox's processes join the cgroup *before* bwrap executes (the shell that launches bwrap,
+The sandbox's processes join the cgroup *before* bwrap executes (the launcher that execs bwrap,
 ``sandboxes.bwrap.launcher``, writes ``0``, meaning itself, into each group's join file), so
 nothing runs outside it even for an instant.
 On v1 the join file is ``tasks``, not ``cgroup.procs``: a ``cgroup.procs`` write moves a whole
 thread group and takes the kernel's threadgroup rwsem for writing, which may wait for an RCU
 grace period (here: p50 0.04 ms, but up to 11.5 ms in 30 writes from a fresh fork, against
 0.06 ms at most through ``tasks``); a ``tasks`` write moves one thread and skips that lock.
-Every process that joins is single-threaded (the launch shell, the supervisor), so its one
+Every process that joins is single-threaded (the launcher, the supervisor), so its one
 thread is the whole process. v2 has no ``tasks``.
 Groups live under a ``sandboxes`` parent: ``<controller mount>/sandboxes/<name>`` (v1) or
 ``<cgroup2 mount>/sandboxes/<name>`` (v2, root) or, for a non-root user with a delegated
