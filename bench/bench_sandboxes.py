@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot
+from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot, reaper, spares
 from sandboxes.workspace import sandboxes_root
 
 COMMAND = ["python3", "-c", "pass"]
@@ -111,6 +111,9 @@ def latency(iterations: int) -> None:
         start, own, kids = time.perf_counter(), cpu_self(), cpu_children()
         sandbox_run(spec)
         boxed.append(time.perf_counter() - start)
+        # The caller's wait ends there; the CPU goes on until the reaper thread has removed
+        # the closed sandbox and made the next one's storage, which counts here too.
+        reaper.drain()
         # Host-side Python plus every process of the launch, each waited for (the launch
         # chain and bwrap by us, the sandbox's init by bwrap, the command by the init), as
         # for bare: so the cost of starting bwrap (a fork of this process, or the launcher's
@@ -184,6 +187,7 @@ def throughput(runs: int, concurrency: int) -> None:
             before = cpu_self() + sandboxes_cpu()
             with job_or_pool:
                 seconds, failures = drive(through(job_or_pool), runs)
+            reaper.drain()  # removing the closed sandboxes is part of their CPU
             return seconds, failures, cpu_self() + sandboxes_cpu() - before
         before = cpu_self() + cpu_children()
         seconds, failures = drive(job_or_pool, runs)
@@ -198,6 +202,8 @@ def throughput(runs: int, concurrency: int) -> None:
     bare_s = (bare_s + bare_again_s) / 2
     bare_cpu = (bare_cpu + bare_again_cpu) / 2
     bare_failures += bare_again_failures
+    reaper.drain()  # closing leaves the removal to the reaper thread
+    spares.discard_all()  # storage made ahead for the next sandbox: not a leftover
     prefix = f"sb-{os.getpid()}-"
     root = sandboxes_root()
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(prefix)]

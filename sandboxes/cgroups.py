@@ -5,14 +5,14 @@ sandbox ever started, however it forked: memory (limit, peak, OOM count), pids (
 count), cpu (CFS quota), cpuacct/cpu.stat (CPU seconds) and the freezer or ``cgroup.kill`` (a
 race-free kill of the whole group, fork bombs included).
 
-The sandbox's processes join the cgroup *before* bwrap executes (the shell that launches bwrap,
+The sandbox's processes join the cgroup *before* bwrap executes (the launcher that execs bwrap,
 ``sandboxes.bwrap.launcher``, writes ``0``, meaning itself, into each group's join file), so
 nothing runs outside it even for an instant.
 On v1 the join file is ``tasks``, not ``cgroup.procs``: a ``cgroup.procs`` write moves a whole
 thread group and takes the kernel's threadgroup rwsem for writing, which may wait for an RCU
 grace period (here: p50 0.04 ms, but up to 11.5 ms in 30 writes from a fresh fork, against
 0.06 ms at most through ``tasks``); a ``tasks`` write moves one thread and skips that lock.
-Every process that joins is single-threaded (the launch shell, the supervisor), so its one
+Every process that joins is single-threaded (the launcher, the supervisor), so its one
 thread is the whole process. v2 has no ``tasks``.
 Groups live under a ``sandboxes`` parent: ``<controller mount>/sandboxes/<name>`` (v1) or
 ``<cgroup2 mount>/sandboxes/<name>`` (v2, root) or, for a non-root user with a delegated
@@ -244,6 +244,18 @@ class CgroupGroup:
                 raise SandboxError(f"processes {sorted(remaining)} survived SIGKILL")
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
+
+    def kill_now(self) -> bool:
+        """SIGKILLs every process in the group in one atomic step (frozen first, or through
+        ``cgroup.kill``: none can fork meanwhile), without waiting for them to be gone.
+
+        False, having done nothing, where the group cannot be killed atomically.
+        """
+        if not self.can_kill_atomically:
+            return False
+        if self.pids():
+            self._kill_atomically()
+        return True
 
     def kill_run(self, mark: RunMark, timeout: float = 10.0) -> None:
         """SIGKILLs every process of one run (its child group) and waits until none is left.

@@ -53,6 +53,9 @@ def _close_forgotten_sandboxes() -> None:
     for sandbox in list(_open_sandboxes):
         with contextlib.suppress(Exception):
             sandbox.close()
+    from sandboxes import reaper
+
+    reaper.drain()  # what closing handed to the reaper thread, before the interpreter ends
 
 
 def new_sandbox_name() -> str:
@@ -86,8 +89,9 @@ class Sandbox:
     """``with Sandbox(spec) as sb: sb.run([...])`` — files and cwd persist across runs.
 
     Leaving the block (or ``close()``) kills every process of the sandbox and removes its
-    cgroup and work directory. ``weakened`` names the defences this sandbox runs without
-    (only ever non-empty when the spec's ``allow_weaker`` permitted it).
+    cgroup and work directory (the removal on ``sandboxes.reaper``'s thread, once every process
+    has its SIGKILL; ``reaper.drain()`` waits for it). ``weakened`` names the defences this
+    sandbox runs without (only ever non-empty when the spec's ``allow_weaker`` permitted it).
     """
 
     def __init__(
@@ -126,6 +130,8 @@ class Sandbox:
         if self.supervise is not None and hasattr(driver, "supervise"):
             driver.supervise = self.supervise
         driver.start()
+        # A sandbox that took a spare's storage goes by the spare's name (sandboxes.spares).
+        self.name = getattr(driver, "name", self.name)
         self._driver = driver
         _open_sandboxes.add(self)
         try:

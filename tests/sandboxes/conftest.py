@@ -26,8 +26,12 @@ def _cgroup_dirs(name: str) -> list[Path]:
 
 
 def leftovers(name: str, marker: str | None = None) -> list[str]:
-    """What a sandbox called ``name`` left on the host (empty when nothing)."""
+    """What a sandbox called ``name`` left on the host (empty when nothing), once the reaper
+    has removed what closed sandboxes handed it."""
+    from sandboxes import reaper
     from sandboxes.workspace import sandboxes_root
+
+    assert reaper.drain(timeout=30), "the reaper did not finish removing closed sandboxes"
 
     found = [f"cgroup {p}" for p in _cgroup_dirs(name) if p.exists()]
     workspace = sandboxes_root() / name
@@ -68,10 +72,14 @@ def _cgroup_parent_removed_at_end():
     yield
     import gc
 
+    from sandboxes import reaper, spares
     from sandboxes.cgroups import _parent_name, cgroup_mounts
 
-    # Unreachable rubrics close their zygotes when collected; collect before judging.
+    # Unreachable rubrics close their zygotes when collected; collect before judging (once the
+    # reaper has removed what closing handed it; spares made ahead are this process's own).
     gc.collect()
+    spares.discard_all()
+    assert reaper.drain(timeout=30), "the reaper did not finish removing closed sandboxes"
 
     v1, v2 = cgroup_mounts()
     for mount in set(v1.values()) | ({v2} if v2 else set()):
@@ -83,9 +91,15 @@ def _cgroup_parent_removed_at_end():
 
 
 def sandboxes_of_this_process() -> list[str]:
-    """Workspaces and cgroups still present that this test process created."""
+    """Workspaces and cgroups still present that this test process created (once the reaper
+    has removed what closed sandboxes handed it, and without the spares made ahead, which no
+    sandbox used)."""
+    from sandboxes import reaper, spares
     from sandboxes.cgroups import _parent_name, cgroup_mounts
     from sandboxes.workspace import sandboxes_root
+
+    spares.discard_all()
+    assert reaper.drain(timeout=30), "the reaper did not finish removing closed sandboxes"
 
     prefix = f"sb-{os.getpid()}-"
     found = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def test_refuses_to_start_without_a_defence_unless_the_spec_allows_it(monkeypatc
 
 
 def test_cgroup_v2_groups_kill_and_measure_on_a_real_unified_hierarchy(monkeypatch):
-    from sandboxes import cgroups
+    from sandboxes import cgroups, reaper
 
     v1, v2 = cgroups.cgroup_mounts()
     if v2 is None or not os.access(v2, os.W_OK):
@@ -184,6 +185,7 @@ def test_cgroup_v2_groups_kill_and_measure_on_a_real_unified_hierarchy(monkeypat
         group_path = Path(unified._v2_parent) / sandbox.name
         assert group_path.is_dir()
     assert result.timed_out and result.cpu_s is not None
+    assert reaper.drain(timeout=30)  # closing left the removal to the reaper
     assert not group_path.exists()
 
 
@@ -545,10 +547,21 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
     assert_nothing_left(sandbox.name)
 
 
+@pytest.mark.parametrize("launcher", ["built", "shell"])
 @pytest.mark.parametrize("supervise", ["never", "always"])
-def test_bwrap_starts_with_the_sandbox_ids_limits_and_no_capabilities(supervise, monkeypatch):
-    """The launch (a shell and setpriv, no Python preexec_fn) gives what the preexec_fn gave."""
+def test_bwrap_starts_with_the_sandbox_ids_limits_and_no_capabilities(
+    supervise, launcher, monkeypatch
+):
+    """The launch (``sandbox-launch``, or a shell and setpriv; no Python preexec_fn) gives
+    what the preexec_fn gave."""
+    from sandboxes import bwrap
+    from sandboxes.workspace import sandboxes_root
+
     monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
+    if launcher == "shell":
+        monkeypatch.setenv("SANDBOXES_LAUNCHER", "shell")
+    elif bwrap.launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
     spec = SandboxSpec(open_files=77, disk_mb=3)
     with Sandbox(spec) as sandbox:
         result = sandbox.run(["cat", "/proc/self/status", "/proc/self/limits"])
@@ -565,10 +578,13 @@ def test_bwrap_starts_with_the_sandbox_ids_limits_and_no_capabilities(supervise,
     assert result.exit_code == 0
 
 
-def test_bwrap_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path):
+@pytest.mark.parametrize("launcher", ["built", "shell"])
+def test_bwrap_never_starts_when_joining_its_cgroup_fails(launcher, monkeypatch, tmp_path):
     """A launch whose cgroup join fails stops before bwrap: nothing runs outside the group."""
     from sandboxes.cgroups import RunMark
 
+    if launcher == "shell":
+        monkeypatch.setenv("SANDBOXES_LAUNCHER", "shell")
     with Sandbox(SandboxSpec()) as sandbox:
         driver = sandbox._require()  # type: ignore[attr-defined]
         real_begin = driver.cgroup.begin_run
@@ -581,7 +597,7 @@ def test_bwrap_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path)
         monkeypatch.setattr(driver.cgroup, "begin_run", broken_begin)
         with pytest.raises(SandboxError, match="could not set up the sandbox"):
             sandbox.run(["touch", "/work/ran"])
-        monkeypatch.undo()
+        monkeypatch.setattr(driver.cgroup, "begin_run", real_begin)
         assert sandbox.run(["ls", "/work"]).stdout == ""
     assert_nothing_left(sandbox.name)
 
@@ -658,3 +674,117 @@ def test_the_janitor_also_reaps_dead_owners_workspaces_under_the_old_disk_root(
     assert workspace.roots_to_reap() == [tmp_path / "memory-root", tmp_path / "disk-root"]
     assert left.name in janitor.reap_stale()
     assert not left.exists() and alive.exists()
+
+
+def test_a_planted_launcher_binary_is_never_executed(tmp_path):
+    """The launcher runs as root: a file at its name that others could write is built over."""
+    import hashlib
+    import shutil
+
+    from sandboxes import bwrap
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
+    root = tmp_path / "root"
+    root.mkdir(mode=0o711)
+    digest = hashlib.sha256(bwrap.LAUNCH_SOURCE.read_bytes()).hexdigest()[:16]
+    planted = root / f"sandbox-launch-{digest}"
+    planted.write_text("#!/bin/sh\ntouch /tmp/owned\n")
+    planted.chmod(0o777)
+    built = bwrap.launch_binary(root)
+    assert built == str(planted)
+    assert planted.read_bytes()[:4] == b"\x7fELF"
+    assert planted.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in root.iterdir()] == [planted.name]  # no staging file left
+    # It refuses what it is not told to run: no relative program, no unknown option.
+    refused = subprocess.run([built, "--", "true"], capture_output=True, text=True, check=False)
+    assert refused.returncode == 125 and "absolute" in refused.stderr
+    refused = subprocess.run(
+        [built, "--bogus", "--", "/bin/true"], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 125 and "bad argument" in refused.stderr
+
+
+def test_close_kills_every_process_before_it_returns_and_the_reaper_removes_the_rest():
+    """Closing hands the removal to the reaper, but not before every process has its SIGKILL."""
+    from sandboxes import reaper
+
+    sandbox = Sandbox(SandboxSpec()).open()
+    sandbox.run(["true"])
+    sandbox.run(["true"])  # a supervisor (Python, in its pid namespace) and its bwrap now live
+    group = sandbox._require().cgroup  # type: ignore[attr-defined]
+    pids = group.pids()
+    assert len(pids) >= 2
+    sandbox.close()
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            flags = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[6])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone already
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        pending = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+        dying = (
+            fields["State"].startswith(("Z", "X"))
+            or pending & (1 << (signal.SIGKILL - 1))
+            or flags & 0x4  # PF_EXITING: the SIGKILL was taken and it is on its way out
+        )
+        assert dying, f"process {pid} of a closed sandbox is not dying: {fields['State']}"
+    assert reaper.drain(timeout=30)
+    assert_nothing_left(sandbox.name)
+
+
+def test_a_root_where_nothing_may_execute_falls_back_to_the_shell_launch(monkeypatch):
+    """On a ``noexec`` root the launcher could not run (nor be the init): the shell launch is."""
+    import shutil
+
+    from sandboxes import bwrap, workspace
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
+    # Where the sandbox uid can reach it (pytest's tmp_path is private to root).
+    root = Path("/dev/shm") / f"sandboxes-noexec-test-{os.getpid()}"  # noqa: S108
+    root.mkdir(mode=0o711)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=8m", "tmpfs", str(root)], check=True)
+    os.chmod(root, 0o711)  # noqa: S103 - the sandbox uid passes through, as for the real root
+    try:
+        assert bwrap.launch_binary(root) is None
+        monkeypatch.setenv("SANDBOXES_ROOT", str(root))
+        with Sandbox(SandboxSpec(allow_weaker=["disk_limit"])) as sandbox:
+            result = sandbox.run(["echo", "ran"])
+            assert result.stdout == "ran\n", result
+    finally:
+        from sandboxes import reaper
+
+        reaper.drain(timeout=30)
+        workspace.unmount(root)
+        root.rmdir()
+
+
+def test_a_spare_made_ahead_serves_one_sandbox_once_and_is_as_fresh_as_a_new_one():
+    """``open()`` takes storage made ahead (sandboxes.spares): never used, never shared."""
+    from sandboxes import reaper, spares
+    from sandboxes.workspace import sandboxes_root
+
+    spec = SandboxSpec(memory_mb=96, disk_mb=16)
+    with Sandbox(spec) as first:
+        first.write_files({"mine.txt": "first's"})
+        assert first.run(["sh", "-c", "echo x > /tmp/t; echo y > /dev/shm/s"]).exit_code == 0
+    assert reaper.drain(timeout=30)  # the spare for this shape is made by now
+    made = [p.name for p in sandboxes_root().iterdir() if p.name.startswith(f"sb-{os.getpid()}-")]
+    second = Sandbox(spec)
+    planned = second.name
+    with second:
+        assert second.name != planned and second.name in made  # it took the spare
+        listing = second.run(["ls", "-A", "/work", "/tmp", "/dev/shm"])
+        assert listing.stdout == "/dev/shm:\n\n/tmp:\n\n/work:\n"
+        pid = os.fork()
+        if pid == 0:  # a forked child never gets its parent's spares
+            os._exit(0 if not spares._spares else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    assert_nothing_left(first.name)
+    assert_nothing_left(second.name)
+    spares.discard_all()
+    assert not [p for p in sandboxes_root().iterdir() if p.name.startswith(f"sb-{os.getpid()}-")]

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandboxes import ExecResult, Sandbox, SandboxSpec
+from sandboxes.bwrap import launch_binary
+from sandboxes.workspace import sandboxes_root
 from tests.sandboxes.conftest import assert_nothing_left, leftovers
 
 SLEEPER = ["sh", "-c", "sleep 5"]
@@ -60,7 +62,13 @@ def _results(mode: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, .
         ]
 
 
-def test_a_supervised_run_reports_exactly_what_a_bwrap_run_reports(monkeypatch):
+@pytest.mark.parametrize("launcher", ["built", "shell"])
+def test_a_supervised_run_reports_exactly_what_a_bwrap_run_reports(launcher, monkeypatch):
+    """On the bwrap path the init is ``launch.c``'s where a compiler built it, else the shell."""
+    if launcher == "shell":
+        monkeypatch.setenv("SANDBOXES_LAUNCHER", "shell")
+    elif launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
     assert _results("always", monkeypatch) == _results("never", monkeypatch)
 
 
@@ -86,7 +94,8 @@ def test_later_runs_of_an_episode_share_one_supervisor_that_stays_pid_1(monkeypa
         assert supervisor is not None and supervisor.alive
         sandbox.run(["true"])
         assert driver._supervisor is supervisor  # type: ignore[attr-defined]
-    assert first.stdout.startswith("/bin/sh -c")
+    # Run 1's pid 1 is the bwrap path's init: ours where a compiler built it, else the shell.
+    assert first.stdout.startswith(("/sandbox-init --init -- sh -c", "/bin/sh -c"))
     assert pids == ["2\n", "3\n", "4\n", "5\n"]  # forks of one pid 1, not new namespaces
     assert_nothing_left(sandbox.name)
 
@@ -235,9 +244,9 @@ def test_supervised_runs_on_a_real_unified_hierarchy(monkeypatch):
     assert slow.timed_out and slow.signal == 9
     assert int(count.stdout) <= 4
     assert evaluated.stdout == "42\n"
-    assert not group_path.exists()
-    assert_nothing_left(sandbox.name)
+    assert_nothing_left(sandbox.name)  # once the reaper is done
     assert_nothing_left(zygote.name)
+    assert not group_path.exists()
 
 
 def test_a_sandbox_can_choose_its_path(monkeypatch):

@@ -1,0 +1,147 @@
+/* sandbox-launch: the first hop of a sandbox's launch, and the sandbox's pid 1 (sandboxes/bwrap.py).
+ *
+ *   sandbox-launch [--join FILE]... [--rlimit RESOURCE VALUE]... [--ids UID GID] -- PROGRAM ARG...
+ *   sandbox-launch --init -- COMMAND ARG...          (inside the sandbox, as its pid 1)
+ *
+ * In this order: writes "0" (itself) into each cgroup join FILE, sets each limit (soft = hard),
+ * drops to UID/GID with no supplementary groups, checks the drop cannot be undone, and execs
+ * PROGRAM (an absolute path: no PATH search, and the environment passes through untouched).
+ * Any step that fails stops the launch before PROGRAM starts: a message on stderr, exit 125.
+ *
+ * It replaces `/bin/sh -c 'echo 0 >tasks; ulimit ...; exec "$@"'` followed by setpriv: the
+ * same steps in the same order, in one small statically linked exec instead of two
+ * dynamically linked ones (each loads libc and, for setpriv, libcap-ng and its locale).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static void fail(const char *what, const char *arg) {
+    fprintf(stderr, "sandbox-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
+    _exit(125);
+}
+
+static unsigned long long number(const char *text) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno || !end || *end || !*text || text[0] == '-') {
+        errno = EINVAL;
+        fail("not a number:", text);
+    }
+    return value;
+}
+
+/* The sandbox's pid 1, as `sh -c "trap '' INT QUIT; (\"$@\")"` was (and as the supervisor
+ * starts a command, sandboxes/inside.py): SIGINT and SIGQUIT ignored, for the command too; the
+ * command in a child (never pid 1 itself); every orphan reaped while it runs; the shell's note
+ * when it dies of a signal ("Terminated", "Segmentation fault (core dumped)"; not for SIGINT or
+ * SIGPIPE) and its status (128 + signal); a command that cannot start gets the shell's message
+ * and status (127 not found, 126 otherwise). When this exits, the kernel kills the rest of the
+ * pid namespace. One static exec instead of the shell's dynamically linked one. */
+static int init(char **command) {
+    signal(SIGINT, SIG_IGN);
+    signal(SIGQUIT, SIG_IGN);
+    pid_t child = fork();
+    if (child < 0) {
+        perror("sandbox-init: fork");
+        return 2;
+    }
+    if (child == 0) {
+        /* execvp: PATH search, EACCES remembered while later directories are tried, and a
+         * file without #! run by /bin/sh, as the shell does. */
+        execvp(command[0], command);
+        int e = errno;
+        int missing = e == ENOENT || e == ENOTDIR;
+        fprintf(stderr, "sandbox-init: 1: %s: %s\n", command[0],
+                missing ? "not found" : strerror(e));
+        _exit(missing || e == ELOOP || e == ENAMETOOLONG ? 127 : 126);
+    }
+    for (;;) {
+        int status;
+        pid_t done = wait(&status);
+        if (done < 0) {
+            if (errno == EINTR)
+                continue;
+            return 2;
+        }
+        if (done != child)
+            continue; /* an orphan, reaped */
+        if (WIFEXITED(status))
+            return WEXITSTATUS(status);
+        int sig = WTERMSIG(status);
+        if (sig != SIGINT && sig != SIGPIPE) {
+            const char *name = strsignal(sig);
+            fprintf(stderr, "%s%s\n", name ? name : "Unknown signal",
+                    WCOREDUMP(status) ? " (core dumped)" : "");
+        }
+        return 128 + sig;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 3 && strcmp(argv[1], "--init") == 0 && strcmp(argv[2], "--") == 0)
+        return init(argv + 3);
+    int i = 1;
+    for (; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(argv[i], "--join") == 0 && i + 1 < argc) {
+            const char *path = argv[++i];
+            int fd = open(path, O_WRONLY | O_CLOEXEC);
+            if (fd < 0 || write(fd, "0", 1) != 1)
+                fail("cannot join cgroup", path);
+            close(fd);
+        } else if (strcmp(argv[i], "--rlimit") == 0 && i + 2 < argc) {
+            int resource = (int)number(argv[i + 1]);
+            struct rlimit limit;
+            limit.rlim_cur = limit.rlim_max = (rlim_t)number(argv[i + 2]);
+            if (setrlimit(resource, &limit) != 0)
+                fail("cannot set rlimit", argv[i + 1]);
+            i += 2;
+        } else if (strcmp(argv[i], "--ids") == 0 && i + 2 < argc) {
+            uid_t uid = (uid_t)number(argv[i + 1]);
+            gid_t gid = (gid_t)number(argv[i + 2]);
+            i += 2;
+            if (setgroups(0, NULL) != 0)
+                fail("cannot clear groups", NULL);
+            if (setresgid(gid, gid, gid) != 0)
+                fail("cannot set gid", argv[i]);
+            if (setresuid(uid, uid, uid) != 0)
+                fail("cannot set uid", argv[i - 1]);
+            /* As setpriv does: the drop must be final (no saved id, no way back to root). */
+            uid_t r, e, s;
+            gid_t rg, eg, sg;
+            if (getresuid(&r, &e, &s) != 0 || r != uid || e != uid || s != uid ||
+                getresgid(&rg, &eg, &sg) != 0 || rg != gid || eg != gid || sg != gid ||
+                getgroups(0, NULL) != 0) {
+                errno = EPERM;
+                fail("ids not dropped", NULL);
+            }
+            if (uid != 0 && (setresuid(0, 0, 0) == 0 || setresgid(0, 0, 0) == 0)) {
+                errno = EPERM;
+                fail("could regain root after the drop", NULL);
+            }
+        } else {
+            errno = EINVAL;
+            fail("bad argument", argv[i]);
+        }
+    }
+    if (i >= argc || argv[i][0] != '/') {
+        errno = EINVAL;
+        fail("no absolute program to run", i < argc ? argv[i] : NULL);
+    }
+    execv(argv[i], argv + i);
+    fail("cannot exec", argv[i]);
+    return 125;
+}
