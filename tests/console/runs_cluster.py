@@ -1,6 +1,14 @@
 """A real cluster for runs tests: a control worker (with its beat: the sweep) and host agents,
 as separate processes against the test database and the suite's Redis. Nothing is mocked: the
-agents run real jobs (`manage.py run_attempt`) that train the demo model."""
+agents run real jobs (`manage.py run_attempt`) that train the demo model.
+
+The cluster tests' fixtures live here too (tests/console/conftest.py imports them):
+
+- `cluster`: a `Cluster` whose control worker runs; a test starts the host agents it needs. Its
+  processes get `cluster_env` on top of `Cluster`'s environment: a module overrides that
+  fixture to set its own (and may override `cluster` itself, requesting it, to add agents).
+- `parity`: the demo model and the demo "parity" domain, registered for the owner's team.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +19,20 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import settings
 from django.db import connection
 
+from console.registry.demo import seed_demo_domain
+from console.registry.models import Domain
+from console.runs.demo import seed_models
+from tests.conftest import People
 from tests.e2e.conftest import database_url_for
+from training.demo.domains import get_domain
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -108,3 +122,28 @@ def wait_for(
                 + (f"\n{cluster.logs()}" if cluster else "")
             )
         time.sleep(0.5)
+
+
+@pytest.fixture
+def cluster_env() -> dict[str, str]:
+    """What the cluster's processes get on top of `Cluster`'s environment (nothing here; a test
+    module overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, settings: Any, cluster_env: dict[str, str]) -> Iterator[Cluster]:
+    settings.RUNS_ROOT = tmp_path / "runs"
+    cluster = Cluster(tmp_path)
+    cluster.env.update(cluster_env)
+    cluster.start_control()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def parity(people: People) -> Domain:
+    seed_models(team=people.team, user=people.owner)
+    return seed_demo_domain(
+        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
+    )

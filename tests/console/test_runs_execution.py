@@ -11,31 +11,11 @@ from typing import Any
 
 import pytest
 
-from console.registry.demo import seed_demo_domain
-from console.runs.demo import seed_models
 from console.runs.launch import default_document
 from console.runs.models import Attempt, Checkpoint, MetricRow, Run, RunEvent, TrajectoryRecord
 from tests.console.runs_cluster import Cluster, wait_for
-from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def cluster(tmp_path: Any, settings: Any) -> Any:
-    settings.RUNS_ROOT = tmp_path / "runs"
-    cluster = Cluster(tmp_path)
-    cluster.start_control()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def parity(people: Any) -> Any:
-    seed_models(team=people.team, user=people.owner)
-    return seed_demo_domain(
-        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
-    )
 
 
 def launch(api: Any, document: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,6 @@ from typing import Any
 import psutil
 import pytest
 
-from console.registry.demo import seed_demo_domain
-from console.runs.demo import seed_models
 from console.runs.launch import default_document
 from console.runs.models import (
     Allocation,
@@ -31,7 +29,6 @@ from console.runs.models import (
     TrajectoryRecord,
 )
 from tests.console.runs_cluster import Cluster, wait_for
-from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -41,31 +38,24 @@ PROMPTS, GROUP, STEPS = 4, 2, 24
 
 
 @pytest.fixture
-def cluster(tmp_path: Any, settings: Any) -> Any:
-    settings.RUNS_ROOT = tmp_path / "runs"
-    cluster = Cluster(tmp_path)
+def cluster_env(settings: Any) -> dict[str, str]:
     # Other suites on this machine may hold the default range: a range of our own.
     first = random.randrange(40000, 60000, 50)
     settings.RUNS_RENDEZVOUS_PORT_FIRST = first
-    cluster.env.update(
-        RUNS_RENDEZVOUS_PORT_FIRST=str(first),
-        RUNS_RENDEZVOUS_PORT_COUNT="50",
-        RUNS_DIST_BACKEND="gloo",
-        HOST_ADDRESS="127.0.0.1",
-    )
-    cluster.start_control()
-    cluster.start_agent("node-a")
-    cluster.start_agent("node-b")
-    yield cluster
-    cluster.stop()
+    return {
+        "RUNS_RENDEZVOUS_PORT_FIRST": str(first),
+        "RUNS_RENDEZVOUS_PORT_COUNT": "50",
+        "RUNS_DIST_BACKEND": "gloo",
+        "HOST_ADDRESS": "127.0.0.1",
+    }
 
 
 @pytest.fixture
-def parity(people: Any) -> Any:
-    seed_models(team=people.team, user=people.owner)
-    return seed_demo_domain(
-        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
-    )
+def cluster(cluster: Cluster) -> Cluster:
+    """The shared cluster with two host agents: the two hosts of a gang."""
+    cluster.start_agent("node-a")
+    cluster.start_agent("node-b")
+    return cluster
 
 
 def gang_processes(pids: list[int]) -> list[psutil.Process]:

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from console.registry.demo import seed_demo_domain
-from console.runs.demo import seed_models
 from console.runs.launch import default_document
 from console.runs.models import (
     Attempt,
@@ -27,7 +25,6 @@ from console.runs.models import (
 )
 from console.scheduling.models import PreemptionRequest, PriorityClass
 from tests.console.runs_cluster import Cluster, wait_for
-from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -35,28 +32,21 @@ VICTIM_STEPS = 120
 
 
 @pytest.fixture
-def cluster(tmp_path: Any, settings: Any) -> Any:
-    settings.RUNS_ROOT = tmp_path / "runs"
-    cluster = Cluster(tmp_path)
+def cluster_env() -> dict[str, str]:
     # A rejected request may be filed again at once (the test then approves the second one).
-    cluster.env["PREEMPTION_REFILE_AFTER_S"] = "0"
-    cluster.start_control()
-    yield cluster
-    cluster.stop()
+    return {"PREEMPTION_REFILE_AFTER_S": "0"}
 
 
 @pytest.fixture
-def parity(people: Any) -> Any:
-    seed_models(team=people.team, user=people.owner)
+def parity(parity: Any) -> Any:
+    """The shared fixture's model and domain, and the two priority classes these tests use."""
     PriorityClass.objects.get_or_create(
         name="normal", defaults={"value": 100, "preemptible": True, "approval": "ask"}
     )
     PriorityClass.objects.create(
         name="urgent", value=1000, can_preempt=True, preemptible=False, grace_s=60
     )
-    return seed_demo_domain(
-        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
-    )
+    return parity
 
 
 def launch(api: Any, name: str, max_steps: int, **options: Any) -> int:
