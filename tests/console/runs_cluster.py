@@ -31,6 +31,7 @@ from console.registry.demo import seed_demo_domain
 from console.registry.models import Domain
 from console.runs.demo import seed_models
 from tests.conftest import People
+from tests.console import runs_hold
 from tests.e2e.conftest import database_url_for
 from training.demo.domains import get_domain
 
@@ -51,7 +52,12 @@ class Cluster:
             "RUNS_SWEEP_S": "1",
             "HOST_CPU_SLOTS": "1",
             "PYTHONUNBUFFERED": "1",
+            # Every job reads its Control through the test's gate (`hold`): see runs_hold.py.
+            "RUNS_CONTROL_WRAPPER": "tests.console.runs_hold.HeldControl",
+            runs_hold.HOLD_DIR_ENV: str(work / "holds"),
         }
+        self.hold_dir = work / "holds"
+        self.hold_dir.mkdir(parents=True, exist_ok=True)
         # The demo model stays where the suite built it (MODELS_ROOT under the real var/).
         self.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -87,6 +93,24 @@ class Cluster:
         """SIGKILL the process itself (not its group): what a crash or the OOM killer does."""
         self.processes[name].kill()
         self.processes[name].wait()
+
+    def hold(self, run_name: str, *, after_step: int, attempts: tuple[int, ...] = (1,)) -> None:
+        """Each of the run's `attempts` waits, once it has done `after_step` steps, before its
+        next one until `release` (its Control is asked only then). Set before the run starts."""
+        for attempt in attempts:
+            runs_hold.write_atomically(
+                runs_hold.gate_path(self.hold_dir, run_name, attempt), str(after_step)
+            )
+
+    def wait_held(self, run_name: str, *, attempt: int = 1, timeout: float = 600) -> int:
+        """Waits until that attempt's job is held; returns the steps it has done."""
+        held = runs_hold.held_path(self.hold_dir, run_name, attempt)
+        what = f"attempt {attempt} of {run_name} to be held"
+        wait_for(held.exists, timeout=timeout, what=what, cluster=self)
+        return int(held.read_text())
+
+    def release(self, run_name: str, *, attempt: int = 1) -> None:
+        runs_hold.gate_path(self.hold_dir, run_name, attempt).unlink()
 
     def log(self, name: str) -> str:
         return (self.work / f"{name}.log").read_text(errors="replace")[-6000:]
