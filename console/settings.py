@@ -159,6 +159,11 @@ RUNS_RENDEZVOUS_PORT_COUNT = env_int("RUNS_RENDEZVOUS_PORT_COUNT", 200, minimum=
 if RUNS_RENDEZVOUS_PORT_FIRST + RUNS_RENDEZVOUS_PORT_COUNT > 65536:
     raise EnvError("RUNS_RENDEZVOUS_PORT_FIRST + RUNS_RENDEZVOUS_PORT_COUNT must be at most 65536")
 RUNS_DIST_BACKEND = env_choice("RUNS_DIST_BACKEND", "auto", {"auto", "gloo", "nccl"})
+# A callable `(attempt, control) -> Control` (dotted path) that a job's rank 0 reads its
+# decisions through, wrapped around the console's own Control; empty: the console's alone. The
+# cluster tests hold a run at a known step with one (tests/console/runs_hold.py), so that a fast
+# machine cannot end a run before the test acted on it.
+RUNS_CONTROL_WRAPPER = env_str("RUNS_CONTROL_WRAPPER", "")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

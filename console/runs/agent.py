@@ -324,7 +324,7 @@ def execute(attempt_id: int, node: int = 0) -> dict[str, Any]:
         logger.info("attempt %s node %s: not claimable here (taken or ended)", attempt_id, node)
         return {"attempt": attempt_id, "node": node, "claimed": False}
     attempt = Attempt.objects.select_related("run", "host").get(pk=attempt_id)
-    nodes = attempt.allocations.count() or 1
+    nodes = attempt.allocations.count()
     gpus = _take_gpus(attempt.run.gpus) if attempt.run.gpus else []
     started = False
     try:

@@ -508,6 +508,24 @@ def place_runs() -> list[Attempt]:
     return schedule_pass().placed
 
 
+def allocations_create(*, attempt: Attempt, hosts: list[Host]) -> list[Allocation]:
+    """The attempt's share of each host (node k on ``hosts[k]``, node 0 on its own host), each
+    taking the run's GPUs or, without GPUs, its CPU slots: what the scheduler counts in use.
+    Every attempt has them (the scheduler's `_schedule` makes them with the attempt)."""
+    run = attempt.run
+    return Allocation.objects.bulk_create(
+        Allocation(
+            attempt=attempt,
+            run=run,
+            host=host,
+            node_rank=node,
+            gpus=run.gpus,
+            cpu_slots=0 if run.gpus else run.cpu_slots,
+        )
+        for node, host in enumerate(hosts)
+    )
+
+
 def _schedule(run: Run, hosts: list[Host], *, rendezvous_port: int | None = None) -> Attempt:
     """The run's next attempt on `hosts` (node 0 first): one allocation per host, and one
     message to each host's queue after commit. A run on several hosts (a gang) needs its
@@ -527,17 +545,7 @@ def _schedule(run: Run, hosts: list[Host], *, rendezvous_port: int | None = None
         rendezvous=f"{master.address or '127.0.0.1'}:{rendezvous_port}" if gang else "",
         rendezvous_port=rendezvous_port if gang else None,
     )
-    Allocation.objects.bulk_create(
-        Allocation(
-            attempt=attempt,
-            run=run,
-            host=host,
-            node_rank=node,
-            gpus=run.gpus,
-            cpu_slots=0 if run.gpus else run.cpu_slots,
-        )
-        for node, host in enumerate(hosts)
-    )
+    allocations_create(attempt=attempt, hosts=hosts)
     names = [h.name for h in hosts]
     where = f"{len(hosts)} hosts ({', '.join(names)})" if gang else master.name
     _set_run_state(run, RunState.SCHEDULED, f"placed on {where} (attempt {number})")

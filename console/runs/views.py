@@ -232,11 +232,7 @@ def _live_context(run: Run) -> dict[str, Any]:
     selectors.run_list_summaries([run])  # its ETA and newest reward
     # Every host any attempt ran on (a gang's nodes in node order).
     hosts = list(
-        dict.fromkeys(
-            node.host.name
-            for attempt in attempts
-            for node in (attempt.allocations.all() or [attempt])
-        )
+        dict.fromkeys(node.host.name for attempt in attempts for node in attempt.allocations.all())
     )
     return {
         "run": run,

@@ -26,6 +26,9 @@ Typical role-matrix test:
 
 Passwords are hashed with MD5 here (fast); `factories.password_for(username)` gives them.
 
+The cluster tests' fixtures (`cluster`, `cluster_env`, `parity`: a control worker, host agents
+and real jobs) are in tests/console/runs_cluster.py, imported here.
+
 Websocket tests (consumers built on `console.broadcast.TeamGroupConsumer`): see
 test_platform_broadcast.py — they need `transactional_db` (the consumer reads the session from
 another thread) and pass the client's session cookie to `WebsocketCommunicator`.
@@ -48,6 +51,7 @@ from tests.console.factories import (
     TEAMMATE_ANNOTATOR,
     TEAMMATE_RESEARCHER,
 )
+from tests.console.runs_cluster import cluster, cluster_env, parity  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(autouse=True)

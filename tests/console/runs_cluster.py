@@ -1,6 +1,14 @@
 """A real cluster for runs tests: a control worker (with its beat: the sweep) and host agents,
 as separate processes against the test database and the suite's Redis. Nothing is mocked: the
-agents run real jobs (`manage.py run_attempt`) that train the demo model."""
+agents run real jobs (`manage.py run_attempt`) that train the demo model.
+
+The cluster tests' fixtures live here too (tests/console/conftest.py imports them):
+
+- `cluster`: a `Cluster` whose control worker runs; a test starts the host agents it needs. Its
+  processes get `cluster_env` on top of `Cluster`'s environment: a module overrides that
+  fixture to set its own (and may override `cluster` itself, requesting it, to add agents).
+- `parity`: the demo model and the demo "parity" domain, registered for the owner's team.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +19,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import settings
 from django.db import connection
 
+from console.registry.demo import seed_demo_domain
+from console.registry.models import Domain
+from console.runs.demo import seed_models
+from tests.conftest import People
+from tests.console import runs_hold
 from tests.e2e.conftest import database_url_for
+from training.demo.domains import get_domain
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -37,7 +52,12 @@ class Cluster:
             "RUNS_SWEEP_S": "1",
             "HOST_CPU_SLOTS": "1",
             "PYTHONUNBUFFERED": "1",
+            # Every job reads its Control through the test's gate (`hold`): see runs_hold.py.
+            "RUNS_CONTROL_WRAPPER": "tests.console.runs_hold.HeldControl",
+            runs_hold.HOLD_DIR_ENV: str(work / "holds"),
         }
+        self.hold_dir = work / "holds"
+        self.hold_dir.mkdir(parents=True, exist_ok=True)
         # The demo model stays where the suite built it (MODELS_ROOT under the real var/).
         self.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -74,6 +94,24 @@ class Cluster:
         self.processes[name].kill()
         self.processes[name].wait()
 
+    def hold(self, run_name: str, *, after_step: int, attempts: tuple[int, ...] = (1,)) -> None:
+        """Each of the run's `attempts` waits, once it has done `after_step` steps, before its
+        next one until `release` (its Control is asked only then). Set before the run starts."""
+        for attempt in attempts:
+            runs_hold.write_atomically(
+                runs_hold.gate_path(self.hold_dir, run_name, attempt), str(after_step)
+            )
+
+    def wait_held(self, run_name: str, *, attempt: int = 1, timeout: float = 600) -> int:
+        """Waits until that attempt's job is held; returns the steps it has done."""
+        held = runs_hold.held_path(self.hold_dir, run_name, attempt)
+        what = f"attempt {attempt} of {run_name} to be held"
+        wait_for(held.exists, timeout=timeout, what=what, cluster=self)
+        return int(held.read_text())
+
+    def release(self, run_name: str, *, attempt: int = 1) -> None:
+        runs_hold.gate_path(self.hold_dir, run_name, attempt).unlink()
+
     def log(self, name: str) -> str:
         return (self.work / f"{name}.log").read_text(errors="replace")[-6000:]
 
@@ -108,3 +146,28 @@ def wait_for(
                 + (f"\n{cluster.logs()}" if cluster else "")
             )
         time.sleep(0.5)
+
+
+@pytest.fixture
+def cluster_env() -> dict[str, str]:
+    """What the cluster's processes get on top of `Cluster`'s environment (nothing here; a test
+    module overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, settings: Any, cluster_env: dict[str, str]) -> Iterator[Cluster]:
+    settings.RUNS_ROOT = tmp_path / "runs"
+    cluster = Cluster(tmp_path)
+    cluster.env.update(cluster_env)
+    cluster.start_control()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def parity(people: People) -> Domain:
+    seed_models(team=people.team, user=people.owner)
+    return seed_demo_domain(
+        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
+    )

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from django.test import Client
 
-from tests.console.factories import ANONYMOUS, OUTSIDER, OWNER, TEAMMATE_ANNOTATOR
+from tests.console.factories import ANONYMOUS, OUTSIDER, OWNER, TEAMMATE_ANNOTATOR, attempt_create
 from tests.console.test_registry_factories import Registry, build_registry
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,7 @@ def registry(people: Any, tmp_path: Any) -> Registry:
     """The registry's objects, plus a run of the team with an attempt and a checkpoint (the
     runs endpoints' ids)."""
     from console.runs import services
-    from console.runs.models import Attempt, Checkpoint, Host, Run
+    from console.runs.models import Checkpoint, Host, Run
 
     registry = build_registry(people)
     (tmp_path / "config.json").write_text("{}")
@@ -42,9 +42,7 @@ def registry(people: Any, tmp_path: Any) -> Registry:
         team=people.team, created_by=people.owner, name="r", request={}, spec={},
         pins={"domains": []}, model_version=version, state="running",
     )  # fmt: skip
-    attempt = Attempt.objects.create(
-        run=run, number=1, host=Host.objects.create(name="h"), state="running"
-    )
+    attempt = attempt_create(run, Host.objects.create(name="h"), state="running")
     checkpoint = Checkpoint.objects.create(
         run=run, attempt=attempt, step=1, path=str(tmp_path), reason="periodic"
     )

@@ -12,9 +12,9 @@ import pytest
 from console.registry.demo import seed_demo_domain
 from console.runs import services
 from console.runs.launch import default_document
-from console.runs.models import Attempt, Checkpoint, Host, Run, RunCommand, TrajectoryRecord
+from console.runs.models import Checkpoint, Host, Run, RunCommand, TrajectoryRecord
 from console.runs.sink import ConsoleSink
-from tests.console.factories import ANONYMOUS, EVERYONE, OUTSIDER, READERS, WRITERS
+from tests.console.factories import ANONYMOUS, EVERYONE, OUTSIDER, READERS, WRITERS, attempt_create
 from tests.console.test_runs_sink import trajectory
 from training.demo.domains import get_domain
 
@@ -54,7 +54,7 @@ def run(people: Any, registry: Any, settings: Any, tmp_path: Path) -> Run:
     settings.RUNS_ROOT = tmp_path / "runs"
     launched = services.run_launch(actor=people.owner, team=people.team, document=document())
     host = Host.objects.create(name="h1", cpu_slots=1)
-    attempt = Attempt.objects.create(run=launched, number=1, host=host, state="running")
+    attempt = attempt_create(launched, host, state="running")
     Run.objects.filter(pk=launched.pk).update(state="running")
     sink = ConsoleSink(attempt)
     sink.trajectories([trajectory(1, 0, reward=0.0), trajectory(1, 1, reward=1.0)])

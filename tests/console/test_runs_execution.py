@@ -11,31 +11,11 @@ from typing import Any
 
 import pytest
 
-from console.registry.demo import seed_demo_domain
-from console.runs.demo import seed_models
 from console.runs.launch import default_document
 from console.runs.models import Attempt, Checkpoint, MetricRow, Run, RunEvent, TrajectoryRecord
 from tests.console.runs_cluster import Cluster, wait_for
-from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def cluster(tmp_path: Any, settings: Any) -> Any:
-    settings.RUNS_ROOT = tmp_path / "runs"
-    cluster = Cluster(tmp_path)
-    cluster.start_control()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def parity(people: Any) -> Any:
-    seed_models(team=people.team, user=people.owner)
-    return seed_demo_domain(
-        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
-    )
 
 
 def launch(api: Any, document: dict[str, Any]) -> dict[str, Any]:
@@ -118,9 +98,13 @@ def test_a_killed_host_agent_hands_the_run_to_another_host_without_gap_or_duplic
     document["batch"].update(prompts_per_step=4, group_size=4)
     document["checkpoint"].update(every_steps=3)
     document["eval"].update(at_start=False, at_end=False)
+    # Held after its fourth step until host A's agent is killed (see runs_hold.py): on an idle
+    # machine the 12 steps can be over before the test gets to the kill.
+    cluster.hold("parity-failover", after_step=4)
     run = launch(api_client_as("owner"), document)
 
-    # Once a checkpoint is recorded (and a step or more beyond it is under way) on host A ...
+    # Once a checkpoint is recorded (and a step or more beyond it is done) on host A ...
+    cluster.wait_held("parity-failover")
     wait_for(
         lambda: (
             Checkpoint.objects.filter(run_id=run["id"], step__gte=3).exists()
@@ -133,7 +117,8 @@ def test_a_killed_host_agent_hands_the_run_to_another_host_without_gap_or_duplic
     first = Attempt.objects.get(run_id=run["id"], number=1)
     assert first.host.name == cluster.host_name("host-a")
     cluster.start_agent("host-b")
-    cluster.kill("host-a")
+    cluster.kill("host-a")  # its job dies with it (the kernel's parent-death signal)
+    cluster.release("parity-failover")
 
     wait_for(
         lambda: state_of(run["id"]) in ("completed", "failed", "cancelled"),
@@ -239,7 +224,10 @@ def test_a_killed_job_resumes_from_its_checkpoint_on_the_same_host(cluster, pari
     document["batch"].update(prompts_per_step=4, group_size=4)
     document["checkpoint"].update(every_steps=3)
     document["eval"].update(at_start=False, at_end=False)
+    # Held after its fourth step until its job is killed (as above: 10 steps can be over first).
+    cluster.hold("parity-oom", after_step=4)
     run = launch(api_client_as("owner"), document)
+    cluster.wait_held("parity-oom")
     wait_for(
         lambda: Checkpoint.objects.filter(run_id=run["id"], step__gte=3).exists()
         and Run.objects.get(pk=run["id"]).last_step >= 4,
@@ -247,6 +235,7 @@ def test_a_killed_job_resumes_from_its_checkpoint_on_the_same_host(cluster, pari
     )  # fmt: skip
     first = Attempt.objects.get(run_id=run["id"], number=1)
     os.kill(first.pid, signal.SIGKILL)  # what the OOM killer does to the job, not the agent
+    cluster.release("parity-oom")
 
     wait_for(
         lambda: state_of(run["id"]) in ("completed", "failed", "cancelled"),

@@ -24,7 +24,7 @@ from console.broadcast import flush_soon
 from console.runs import selectors, services
 from console.runs.models import Attempt, Host, MetricRow, Run
 from console.runs.sink import ConsoleSink
-from tests.console.factories import ANONYMOUS, EVERYONE, OUTSIDER, OWNER, READERS
+from tests.console.factories import ANONYMOUS, EVERYONE, OUTSIDER, OWNER, READERS, attempt_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,7 +61,7 @@ def attempt(people: Any, version: Any) -> Attempt:
     run = make_run(people, version, "live-parity")
     host = Host.objects.create(name="gpu-7", cpu_slots=1)
     started = timezone.now() - dt.timedelta(hours=1)
-    return Attempt.objects.create(run=run, number=1, host=host, state="running", started_at=started)
+    return attempt_create(run, host, state="running", started_at=started)
 
 
 def paced_metrics(run: Run, steps: int, seconds_apart: int) -> None:
@@ -133,8 +133,8 @@ def test_eta_counts_only_the_current_attempts_pace(people: Any, attempt: Attempt
     paced_metrics(run, steps=10, seconds_apart=30)
     # Resumed 100 s ago: the steps before it were written by the lost attempt.
     Attempt.objects.filter(pk=attempt.pk).update(state="lost")
-    Attempt.objects.create(
-        run=run, number=2, host=attempt.host, state="running",
+    attempt_create(
+        run, attempt.host, number=2, state="running",
         started_at=timezone.now() - dt.timedelta(seconds=100),
     )  # fmt: skip
     now = timezone.now()

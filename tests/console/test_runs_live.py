@@ -23,7 +23,7 @@ from console.broadcast import flush_soon
 from console.runs import live, rollup, services
 from console.runs.models import Attempt, Host, MetricRollup, MetricRow, Run, RunEvent
 from console.runs.sink import ConsoleSink
-from tests.console.factories import ANONYMOUS, EVERYONE, OWNER, READERS
+from tests.console.factories import ANONYMOUS, EVERYONE, OWNER, READERS, attempt_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,7 +64,7 @@ def attempt(people: Any, tmp_path: Path) -> Attempt:
         max_steps=100,
     )  # fmt: skip
     host = Host.objects.create(name="h", cpu_slots=1)
-    return Attempt.objects.create(run=run, number=1, host=host, state="running")
+    return attempt_create(run, host, state="running")
 
 
 def headers(client: Client, origin: str = "http://testserver") -> list[tuple[bytes, bytes]]:

@@ -19,8 +19,6 @@ from typing import Any
 import psutil
 import pytest
 
-from console.registry.demo import seed_demo_domain
-from console.runs.demo import seed_models
 from console.runs.launch import default_document
 from console.runs.models import (
     Allocation,
@@ -33,41 +31,37 @@ from console.runs.models import (
     TrajectoryRecord,
 )
 from tests.console.runs_cluster import Cluster, wait_for
-from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-# Enough steps that the resumed attempt is still training when the test preempts it (on an idle
-# machine a step takes ~0.2 s; 8 steps once ended before the test saw the attempt run).
-PROMPTS, GROUP, STEPS = 4, 2, 24
+PROMPTS, GROUP, STEPS = 4, 2, 8
+# The first two attempts wait before their fourth step until the test releases them (see
+# runs_hold.py): the test kills a node of the first and preempts the second there. On an idle
+# machine a step takes ~0.2 s; a run the test merely watched could end (the resumed attempt's few
+# steps are over in a second) before the kill or the preemption reached it, and the test would
+# then see a completed attempt instead.
+HELD_AFTER = 3
 
 
 @pytest.fixture
-def cluster(tmp_path: Any, settings: Any) -> Any:
-    settings.RUNS_ROOT = tmp_path / "runs"
-    cluster = Cluster(tmp_path)
+def cluster_env(settings: Any) -> dict[str, str]:
     # Other suites on this machine may hold the default range: a range of our own.
     first = random.randrange(40000, 60000, 50)
     settings.RUNS_RENDEZVOUS_PORT_FIRST = first
-    cluster.env.update(
-        RUNS_RENDEZVOUS_PORT_FIRST=str(first),
-        RUNS_RENDEZVOUS_PORT_COUNT="50",
-        RUNS_DIST_BACKEND="gloo",
-        HOST_ADDRESS="127.0.0.1",
-    )
-    cluster.start_control()
-    cluster.start_agent("node-a")
-    cluster.start_agent("node-b")
-    yield cluster
-    cluster.stop()
+    return {
+        "RUNS_RENDEZVOUS_PORT_FIRST": str(first),
+        "RUNS_RENDEZVOUS_PORT_COUNT": "50",
+        "RUNS_DIST_BACKEND": "gloo",
+        "HOST_ADDRESS": "127.0.0.1",
+    }
 
 
 @pytest.fixture
-def parity(people: Any) -> Any:
-    seed_models(team=people.team, user=people.owner)
-    return seed_demo_domain(
-        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
-    )
+def cluster(cluster: Cluster) -> Cluster:
+    """The shared cluster with two host agents: the two hosts of a gang."""
+    cluster.start_agent("node-a")
+    cluster.start_agent("node-b")
+    return cluster
 
 
 def gang_processes(pids: list[int]) -> list[psutil.Process]:
@@ -86,6 +80,7 @@ def gang_processes(pids: list[int]) -> list[psutil.Process]:
 def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     cluster, parity, api_client_as
 ):
+    cluster.hold("two-hosts", after_step=HELD_AFTER, attempts=(1, 2))
     document = default_document(model="demo", domains=[("parity", 1.0)])
     document.update(name="two-hosts", max_steps=STEPS)
     document["batch"].update(prompts_per_step=PROMPTS, group_size=GROUP)
@@ -99,7 +94,8 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     assert response.status_code == 201, response.content
     run_id = int(response.json()["id"])
 
-    # Both nodes run and a checkpoint is recorded, with a step or more beyond it under way.
+    # Both nodes run and a checkpoint is recorded, with a step or more beyond it done.
+    cluster.wait_held("two-hosts", attempt=1)
     wait_for(
         lambda: (
             Checkpoint.objects.filter(run_id=run_id, step__gte=2).exists()
@@ -121,6 +117,7 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
 
     # One node's job dies (what the OOM killer does): the whole gang stops and is requeued.
     os.kill(nodes[1].pid or 0, signal.SIGKILL)
+    cluster.release("two-hosts", attempt=1)  # rank 0 goes on, and finds its peer gone
     wait_for(
         lambda: (
             not Allocation.objects.filter(
@@ -146,6 +143,7 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
         what="the second attempt to train",
         cluster=cluster,
     )
+    cluster.wait_held("two-hosts", attempt=2)
     api = api_client_as("owner")
     answer = api.post(
         f"/api/runs/{run_id}/preempt",
@@ -153,6 +151,8 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
         content_type="application/json",
     )
     assert answer.status_code == 200, answer.content
+    # The preempt command is stored: released, rank 0's Control reads it before the next step.
+    cluster.release("two-hosts", attempt=2)
     second = Attempt.objects.get(run_id=run_id, number=2)
     wait_for(
         lambda: set(second.allocations.values_list("state", flat=True)) == {AllocationState.EXITED},

@@ -19,6 +19,7 @@ from console.runs.models import (
     TrajectoryRecord,
 )
 from console.runs.sink import ConsoleControl, ConsoleSink
+from tests.console.factories import attempt_create
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +58,7 @@ def attempt(people: Any, tmp_path: Path) -> Attempt:
         pins={"domains": [{"slug": "parity"}]}, model_version=version,
     )  # fmt: skip
     host = Host.objects.create(name="h", cpu_slots=1)
-    return Attempt.objects.create(run=run, number=1, host=host, state="running")
+    return attempt_create(run, host, state="running")
 
 
 def test_trajectories_land_once_even_when_a_batch_is_written_twice(attempt):
@@ -95,7 +96,7 @@ def test_a_resumed_attempt_drops_what_the_lost_one_wrote_after_its_checkpoint(at
     # The next attempt resumes at step 2: step 3 is produced again, by the new policy.
     attempt.state = "lost"
     attempt.save()
-    second = Attempt.objects.create(run=attempt.run, number=2, host=attempt.host)
+    second = attempt_create(attempt.run, attempt.host, number=2)
     ConsoleSink(second).event("run.started", {"step": 2, "spec": None})
     assert sorted(
         TrajectoryRecord.objects.filter(run=attempt.run).values_list("step", flat=True)
@@ -150,7 +151,7 @@ def test_step_timelines_are_kept_per_step_and_redone_steps_replace_theirs(attemp
     sink.event("run.preempted", {"step": 3})
     attempt.state = "lost"
     attempt.save()
-    second = Attempt.objects.create(run=attempt.run, number=2, host=attempt.host)
+    second = attempt_create(attempt.run, attempt.host, number=2)
     ConsoleSink(second).event("run.started", {"step": 2, "spec": None})
     timelines = RunEvent.objects.filter(run=attempt.run, kind="step.timeline")
     assert sorted(timelines.values_list("step", flat=True)) == [1, 2]

@@ -16,7 +16,7 @@ from django.urls import reverse
 from console.runs import services, steps
 from console.runs.models import Attempt, Host, Run
 from console.runs.sink import ConsoleSink
-from tests.console.factories import ANONYMOUS, EVERYONE, OUTSIDER, READERS
+from tests.console.factories import ANONYMOUS, EVERYONE, OUTSIDER, READERS, attempt_create
 
 pytestmark = pytest.mark.django_db
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -61,7 +61,7 @@ def attempt(people: Any, tmp_path: Path) -> Attempt:
         model_version=version,
     )
     host = Host.objects.create(name="gpu-host-1", cpu_slots=1)
-    return Attempt.objects.create(run=run, number=1, host=host, state="running")
+    return attempt_create(run, host, state="running")
 
 
 @pytest.fixture

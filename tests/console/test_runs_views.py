@@ -40,6 +40,7 @@ from tests.console.factories import (
     READERS,
     TEAMMATE_ANNOTATOR,
     WRITERS,
+    attempt_create,
 )
 from tests.console.test_registry_factories import make_domain, make_rubric
 from training.demo.domains import get_domain
@@ -88,10 +89,9 @@ def lab(people: Any, tmp_path: Path, settings: Any) -> Lab:
     blocked = make_domain(team=people.team, user=people.owner, slug="blocked", rubric=rubric)
     run = launch(people)
     host = Host.objects.create(name="gpu-a", gpu_slots=1, heartbeat_at=timezone.now())
-    attempt = Attempt.objects.create(
-        run=run,
-        number=1,
-        host=host,
+    attempt = attempt_create(
+        run,
+        host,
         state=AttemptState.FAILED,
         exit_code=1,
         error="boom",

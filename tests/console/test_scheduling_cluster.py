@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from console.registry.demo import seed_demo_domain
-from console.runs.demo import seed_models
 from console.runs.launch import default_document
 from console.runs.models import (
     Attempt,
@@ -27,36 +25,26 @@ from console.runs.models import (
 )
 from console.scheduling.models import PreemptionRequest, PriorityClass
 from tests.console.runs_cluster import Cluster, wait_for
-from training.demo.domains import get_domain
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-VICTIM_STEPS = 120
-
 
 @pytest.fixture
-def cluster(tmp_path: Any, settings: Any) -> Any:
-    settings.RUNS_ROOT = tmp_path / "runs"
-    cluster = Cluster(tmp_path)
+def cluster_env() -> dict[str, str]:
     # A rejected request may be filed again at once (the test then approves the second one).
-    cluster.env["PREEMPTION_REFILE_AFTER_S"] = "0"
-    cluster.start_control()
-    yield cluster
-    cluster.stop()
+    return {"PREEMPTION_REFILE_AFTER_S": "0"}
 
 
 @pytest.fixture
-def parity(people: Any) -> Any:
-    seed_models(team=people.team, user=people.owner)
+def parity(parity: Any) -> Any:
+    """The shared fixture's model and domain, and the two priority classes these tests use."""
     PriorityClass.objects.get_or_create(
         name="normal", defaults={"value": 100, "preemptible": True, "approval": "ask"}
     )
     PriorityClass.objects.create(
         name="urgent", value=1000, can_preempt=True, preemptible=False, grace_s=60
     )
-    return seed_demo_domain(
-        team=people.team, user=people.owner, demo=get_domain("parity"), image=None
-    )
+    return parity
 
 
 def launch(api: Any, name: str, max_steps: int, **options: Any) -> int:
@@ -115,13 +103,13 @@ def test_rejecting_leaves_the_victim_alone_and_approving_preempts_and_resumes_it
 ):
     cluster.start_agent("host-a")
     owner, admin = api_client_as("owner"), api_client_as("teammate_admin")
-    # Long enough to outlast a request, its rejection and the refiled request: on an idle machine
-    # a step takes ~0.2 s, and a 24-step victim once ended before the request was filed again.
-    victim = launch(owner, "victim", max_steps=VICTIM_STEPS)
-    wait_for(
-        lambda: run_of(victim).last_step >= 2,
-        timeout=600, what="the victim to be training", cluster=cluster,
-    )  # fmt: skip
+    # The victim waits after its third step (a checkpoint behind it) until the preemption is
+    # approved (see runs_hold.py). A step takes ~0.2 s on an idle machine: a victim left to run
+    # could end before a request was filed, rejected, filed again and approved, and then there
+    # would be nothing to preempt.
+    cluster.hold("victim", after_step=3)
+    victim = launch(owner, "victim", max_steps=24)
+    cluster.wait_held("victim")
     urgent = launch(owner, "urgent", max_steps=3, priority_class="urgent")
 
     # The first request: an owner may not decide it; the admin rejects it, with a reason.
@@ -143,6 +131,8 @@ def test_rejecting_leaves_the_victim_alone_and_approving_preempts_and_resumes_it
     second = pending_request(urgent, cluster)
     approved = admin.post(f"/api/scheduling/preemptions/{second.pk}/approve")
     assert approved.status_code == 200, approved.content
+    # The approval stored the victim's preempt command: released, its Control reads it at once.
+    cluster.release("victim")
 
     urgent_run = wait_until_ended(urgent, cluster)
     victim_run = wait_until_ended(victim, cluster)
@@ -155,7 +145,7 @@ def test_rejecting_leaves_the_victim_alone_and_approving_preempts_and_resumes_it
     [urgent_attempt] = started_attempts(urgent_run)
     assert urgent_attempt.scheduled_at >= first_attempt.ended_at
     assert second_attempt.scheduled_at >= urgent_attempt.scheduled_at
-    assert_every_step_once(victim, VICTIM_STEPS)
+    assert_every_step_once(victim, 24)
     kinds = set(RunEvent.objects.filter(run=victim_run).values_list("kind", flat=True))
     assert {"preemption.rejected", "preemption.approved", "run.preempted"} <= kinds
     second.refresh_from_db()
@@ -168,12 +158,20 @@ def test_a_class_that_auto_approves_preempts_without_a_person(cluster, parity, a
     )
     cluster.start_agent("host-b")
     owner = api_client_as("owner")
+    # Held after its third step until the class's policy has approved (as above).
+    cluster.hold("victim-auto", after_step=3)
     victim = launch(owner, "victim-auto", max_steps=16)
+    cluster.wait_held("victim-auto")
     wait_for(
         lambda: Checkpoint.objects.filter(run_id=victim).exists(),
         timeout=600, what="the victim's first checkpoint", cluster=cluster,
     )  # fmt: skip
     urgent = launch(owner, "urgent-auto", max_steps=3, priority_class="urgent")
+    wait_for(
+        lambda: RunCommand.objects.filter(run_id=victim, kind="preempt").exists(),
+        timeout=120, what="the policy's approval to preempt the victim", cluster=cluster,
+    )  # fmt: skip
+    cluster.release("victim-auto")
     wait_until_ended(urgent, cluster)
     request = PreemptionRequest.objects.get(requester_id=urgent)
     assert request.auto and request.decided_by is None

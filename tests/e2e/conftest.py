@@ -39,9 +39,9 @@ from urllib.request import urlopen
 import pytest
 
 from console.runs import services
-from console.runs.models import Attempt, Host, Run
+from console.runs.models import Host, Run
 from console.runs.sink import ConsoleSink
-from tests.console.factories import password_for
+from tests.console.factories import attempt_create, password_for
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 ARTIFACTS_DIR = BASE_DIR / "test-artifacts"
@@ -213,7 +213,7 @@ def run_of(people: Any, version: Any, name: str, state: str) -> Run:
 def sink_on(run: Run, host: str) -> ConsoleSink:
     """The `ConsoleSink` of the run's first attempt, running on a new host named `host`."""
     where = Host.objects.create(name=host, cpu_slots=1)
-    return ConsoleSink(Attempt.objects.create(run=run, number=1, host=where, state="running"))
+    return ConsoleSink(attempt_create(run, where, state="running"))
 
 
 def screenshot(page: Any, name: str) -> Path:

@@ -16,7 +16,8 @@ from console.registry import services
 from console.registry.demo import seed_demo_domain
 from console.runs import services as run_services
 from console.runs.launch import default_document
-from console.runs.models import Attempt, Host
+from console.runs.models import Host
+from tests.console.factories import attempt_create
 from tests.console.test_registry_factories import build_registry, jsonl, task_rows
 from tests.e2e.conftest import login, screenshot
 from training.demo.domains import get_domain
@@ -102,7 +103,7 @@ def _run_pages(people: Any, tmp_path: Path) -> dict[str, str]:
         heartbeat_at=timezone.now(),
     )
     log = "step 1: reward/mean 0.25\n"
-    Attempt.objects.create(run=run, number=1, host=host, log_head=log, log_bytes=len(log))
+    attempt_create(run, host, log_head=log, log_bytes=len(log))
     return {
         "run-list": "/runs/",
         "run-new": "/runs/new/",

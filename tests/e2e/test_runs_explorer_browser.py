@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from console.runs.models import Attempt, Host, Run
+from console.runs.models import Host, Run
 from console.runs.sink import ConsoleSink
+from tests.console.factories import attempt_create
 from tests.console.test_runs_explorer import observation, trajectory
 from tests.e2e.conftest import UI_TIMEOUT_MS, login, model_version, screenshot
 
@@ -29,7 +30,7 @@ def run(people: Any, tmp_path: Path) -> Run:
         model_version=version,
     )  # fmt: skip
     host = Host.objects.create(name="h", cpu_slots=1)
-    attempt = Attempt.objects.create(run=run, number=1, host=host, state="completed")
+    attempt = attempt_create(run, host, state="completed")
     sink = ConsoleSink(attempt)
     long = "Let me think. " * 40 + "\\boxed{even}"
     for step in (1, 2, 3):

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.module_loading import import_string
 
 from console.broadcast import flush_soon
 from console.runs import agent, services
@@ -64,7 +65,10 @@ class Command(BaseCommand):
             # SIGTERM (the agent's first step when a preemption is approved) is a preempt too:
             # checkpoint, then stop. Installed before the attempt is marked running, which is
             # when the agent may send it.
-            control: Any = SignalControl(ConsoleControl(attempt), signals=(signal.SIGTERM,))
+            control: Any = ConsoleControl(attempt)
+            if settings.RUNS_CONTROL_WRAPPER:
+                control = import_string(settings.RUNS_CONTROL_WRAPPER)(attempt, control)
+            control = SignalControl(control, signals=(signal.SIGTERM,))
             services.attempt_started(attempt, pid=os.getpid())
             self.stdout.write(
                 f"attempt {attempt.number} of run {attempt.run.name} on {attempt.host.name}: "
