@@ -142,7 +142,7 @@ def one_cell(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # parity alone by default: json_format learns (--domains json_format) but needs 64 steps of
+    # parity alone by default: json_format learns (--domains json_format) but needs 96 steps of
     # 40-token answers (12 minutes a run on a loaded 2-core box); tool_calc and arithmetic do
     # not learn yet with these settings (bench/README.md).
     parser.add_argument("--domains", nargs="+", default=["parity"])

@@ -27,6 +27,7 @@ import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +45,9 @@ from training.threads import cpu_threads
 # Bump when the recipe changes so cached models built by an older recipe are rebuilt.
 # 6: json_format's demonstrations use a field naming drawn at random, not the one asked for
 # (training.demo.domains), so the base writes either and RL has a skill to teach there.
-RECIPE_VERSION = 6
+# 7: json_format asks for the two counts only (no total), and the build runs with portable
+# numerics (PORTABLE_NUMERICS_ENV): the same bits on every x86-64 machine with AVX2.
+RECIPE_VERSION = 7
 BUILD_RECORD = "demo_build.json"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,26 +164,83 @@ def _is_built(target: Path, settings: dict[str, Any]) -> bool:
     return built.get("settings") == settings
 
 
+# The build runs in a child process whose numeric libraries take the same code paths on every
+# x86-64 CPU with AVX2 (every server CPU of the last ten years), so every machine starts RL from
+# the same base: MKL's conditional numerical reproducibility at AVX2 (its matrix products
+# otherwise pick AVX2 or AVX-512 kernels, which round differently) and ATen's AVX2 kernels (its
+# vectorised softmax, norms, exponentials and random draws differ between AVX2 and AVX-512).
+# Both are read when the libraries load, so a process that has imported torch cannot switch
+# them for itself. The portable "COMPATIBLE" mode and ATen's scalar kernels would cover older
+# CPUs too, but made the warm-up 2.3x slower; the AVX2 paths cost 1.17x.
+PORTABLE_NUMERICS_ENV = {
+    "MKL_CBWR": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+# Lines of the build's output kept for the error when it fails.
+_FAILURE_TAIL_LINES = 30
+
+
 def build_demo_model(
     target: str | Path, size: str = "test", seed: int = 0, log: Any = None
 ) -> dict[str, Any]:
-    """Build the demo model into ``target`` (replacing it) and return its build record."""
+    """Build the demo model into ``target`` (replacing it) and return its build record.
+
+    The same ``size`` and ``seed`` give the same bits on any x86-64 machine with AVX2
+    (``PORTABLE_NUMERICS_ENV``); the caller's process and random stream are left alone.
+    """
     settings = _build_settings(size, seed)
     target = Path(target)
-    started = time.monotonic()
     say = log or (lambda message: None)
+    job = {"settings": settings, "eval_per_domain": EVAL_PER_DOMAIN}
+    command = [
+        sys.executable,
+        "-m",
+        "training.models",
+        "build-worker",
+        json.dumps(job),
+        str(target),
+    ]
+    child = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env={**os.environ, **PORTABLE_NUMERICS_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert child.stdout is not None
+    tail: list[str] = []
+    for line in child.stdout:
+        say(line.rstrip("\n"))
+        tail = [*tail[1 - _FAILURE_TAIL_LINES :], line.rstrip("\n")]
+    if child.wait() != 0:
+        output = "\n".join(tail)
+        raise RuntimeError(f"building the demo model failed (exit {child.returncode}):\n{output}")
+    record: dict[str, Any] = json.loads((target / BUILD_RECORD).read_text())
+    return record
 
-    # One thread: the same bits on any machine (reductions split across threads round
-    # differently), and no OpenMP spin-waiting on a loaded box, where it only costs time.
-    # fork_rng: building must not move the caller's random stream (a trainer may call us).
-    with cpu_threads(1), torch.random.fork_rng(devices=[]):
-        return _build(target, size, seed, settings, started, say)
+
+def _build_here(job: dict[str, Any], target: Path) -> None:
+    """The build itself, in the child process ``build_demo_model`` starts."""
+    settings = job["settings"]
+    shape = DemoModelSize(**{name: settings[name] for name in DemoModelSize.__dataclass_fields__})
+    say = lambda message: print(message, flush=True)  # noqa: E731
+    # One thread: reductions split across threads round differently.
+    with cpu_threads(1):
+        _build(target, shape, settings, job["eval_per_domain"], time.monotonic(), say)
 
 
 def _build(
-    target: Path, size: str, seed: int, settings: dict[str, Any], started: float, say: Any
-) -> dict[str, Any]:
-    shape = SIZES[size]
+    target: Path,
+    shape: DemoModelSize,
+    settings: dict[str, Any],
+    eval_per_domain: int,
+    started: float,
+    say: Any,
+) -> None:
+    seed = settings["seed"]
     torch.manual_seed(seed)
     sft = _sft_corpus(shape.warmup_steps * shape.batch_size, seed)
     tokenizer = train_tokenizer([prompt + completion for prompt, completion in sft], shape)
@@ -188,7 +248,7 @@ def _build(
     say(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     losses = _warm_up(model, tokenizer, sft, shape, seed, say)
     model.eval()
-    held_out = evaluate_exact(model, tokenizer, n_per_domain=EVAL_PER_DOMAIN, seed=seed)
+    held_out = evaluate_exact(model, tokenizer, n_per_domain=eval_per_domain, seed=seed)
     record = {
         "settings": settings,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -209,7 +269,6 @@ def _build(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     say(f"built {target} in {record['build_seconds']} s; held-out exact match {held_out}")
-    return record
 
 
 def _sft_corpus(n_examples: int, seed: int) -> list[tuple[str, str]]:
@@ -424,7 +483,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--out", type=Path, default=None, help="directory (default var/models/demo)")
     make.add_argument("--force", action="store_true", help="rebuild even if cached")
+    worker = commands.add_parser("build-worker", help="(internal) the build's child process")
+    worker.add_argument("job", type=json.loads)
+    worker.add_argument("out", type=Path)
     args = parser.parse_args(argv)
+
+    if args.command == "build-worker":
+        _build_here(args.job, args.out)
+        return 0
 
     target = args.out or default_demo_dir(args.size)
     if not args.force and _is_built(target, _build_settings(args.size, args.seed)):

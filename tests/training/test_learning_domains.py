@@ -1,18 +1,20 @@
 """RL learns beyond parity: on json_format, GRPO and DAPO raise the held-out reward under the
 domain's own rubric, each on another seed and micro-batch split.
 
-Domain: ``json_format`` ("A basket holds 36 dates and 18 grapes. Reply with JSON giving left,
-right and sum."), scored by its rubric: well-formed JSON (0.1) and each field asked for, value
+Domain: ``json_format`` ("A basket holds 36 dates and 18 grapes. Reply with JSON giving left
+and right."), scored by its rubric: well-formed JSON (0.1) and each field asked for, value
 exact (``labelled_values``, 0.9). The warm-up's demonstrations have the right values under a
 naming drawn at random, whatever the question asked for, so the base writes either naming and
 scores about half of the fields' credit; writing the names the question asks for is what only
 the rubric teaches. The held-out set has as many questions of each naming, so a base that
 writes one naming everywhere scores exactly its chance level.
 
-Why this and not the old json_format (one naming, a total scored by exact match): there the only
+Why this and not the older designs: with one naming and a total scored by exact match, the only
 thing left to learn was the total, an addition the base gets right 17 % of the time and cannot
-learn in a few dozen steps, and the rubric's signal was mostly noise that walked the weights
-away from it (bench/README.md, "Learning").
+learn in a few dozen steps. With the two namings and a total (recipe 6), the total was right
+2 % of the time before and after RL, so a third of the fields' credit was out of reach: the
+reachable rise was about 0.28, and on a machine whose base already named fields right more
+often than chance a run that learned the naming rose 0.23 (bench/README.md, "Learning").
 
 Margin: as ``test_learning.py``: rise > max(3 SE of the difference, 0.25), no ``run.collapsed``.
 """

@@ -50,6 +50,30 @@ def test_the_same_seed_builds_the_same_bits_and_another_seed_does_not(tmp_path, 
     assert second["settings"]["seed"] == 7
 
 
+def test_a_cpu_with_other_vector_units_builds_the_same_bits(tmp_path, tiny_size, monkeypatch):
+    """MKL picks AVX2 or AVX-512 matrix kernels by CPU, and they round differently (the base
+    built on an AVX-512 Xeon scored otherwise than on the machine where the tests were written).
+    The build's portable numerics make the choice not matter: emulated here by capping MKL at
+    AVX2, as on a CPU without AVX-512, which without them changes the bits of the products on
+    any CPU that has it."""
+    here = models.build_demo_model(tmp_path / "here", size=tiny_size, seed=7)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    avx2 = models.build_demo_model(tmp_path / "avx2", size=tiny_size, seed=7)
+    assert here["settings"] == avx2["settings"]
+    a = load_file(tmp_path / "here" / "model.safetensors")
+    b = load_file(tmp_path / "avx2" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_failed_build_says_why_and_leaves_nothing(tmp_path, tiny_size, monkeypatch):
+    monkeypatch.setitem(
+        models.SIZES, "tiny", models.DemoModelSize(**{**TINY.__dict__, "learning_rate": -1.0})
+    )
+    with pytest.raises(RuntimeError, match="building the demo model failed"):
+        models.build_demo_model(tmp_path / "bad", size=tiny_size)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_cached_model_is_reused_and_a_stale_one_rebuilt(tmp_path, tiny_size):
     path = models.ensure_demo_model(tmp_path / "m", size=tiny_size)
     record = path / models.BUILD_RECORD

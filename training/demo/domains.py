@@ -5,12 +5,12 @@ and ``held_out`` sets by a hash of the task's identity, carries a rubric spec fo
 rewards library, and writes reference completions for the supervised warm-up of the demo model.
 
 - ``arithmetic`` — two-digit addition and subtraction, answer in ``\\boxed{}`` (math criterion).
-- ``json_format`` — a basket of fruit reported as a JSON object (the two counts and their
-  total) under the field names the question asks for, one of two namings (JSON-schema
-  criterion for the structure, ``labelled_values`` for each field asked for: partial credit).
-  Its warm-up demonstrations have the right values under a naming drawn at random, as if the
-  annotator ignored the requested names: the base writes either naming, and following the
-  request is for the rubric to teach (the addition in the total it half knows).
+- ``json_format`` — a basket of fruit reported as a JSON object (the two counts) under the
+  field names the question asks for, one of two namings (JSON-schema criterion for the
+  structure, ``labelled_values`` for each field asked for: partial credit). Its warm-up
+  demonstrations have the right values under a naming drawn at random, as if the annotator
+  ignored the requested names: the base writes either naming, and following the request is
+  for the rubric to teach.
 - ``code`` — a one-line Python function described in words, checked by unit tests that run in
   a sandbox (``ground_truth`` is the list of asserts).
 - ``parity`` — whether a number is even or odd, answer in ``\\boxed{}``. Its warm-up
@@ -181,13 +181,16 @@ _FRUITS = ("apples", "pears", "plums", "figs", "limes", "kiwis", "dates", "grape
 # The field names the question asks for: one of two namings, drawn per task. Following the
 # requested names (a schema that comes with the request) is the skill RL teaches here: the
 # warm-up's annotator ignored them (`_guess_basket_names`).
-BASKET_NAMINGS: tuple[tuple[str, str, str], ...] = (
-    ("first", "second", "total"),
-    ("left", "right", "sum"),
+# No field needs arithmetic: a total (recipes up to 6) was right about 2 % of the time before and
+# after RL, so its third of the fields' credit was out of reach and left too little to learn for
+# a rise to clear the learning test's bar on every machine (bench/README.md, "Learning").
+BASKET_NAMINGS: tuple[tuple[str, str], ...] = (
+    ("first", "second"),
+    ("left", "right"),
 )
 
 
-def _basket_schema(names: tuple[str, str, str]) -> dict[str, Any]:
+def _basket_schema(names: tuple[str, str]) -> dict[str, Any]:
     return {
         "type": "object",
         "properties": {name: {"type": "integer"} for name in names},
@@ -204,12 +207,12 @@ def _draw_json(rng: random.Random) -> _Draft:
     first_fruit, second_fruit = rng.sample(_FRUITS, 2)
     first, second = rng.randint(1, 49), rng.randint(1, 49)
     names = rng.choice(BASKET_NAMINGS)
-    fields = dict(zip(names, (first, second, first + second), strict=True))
+    fields = dict(zip(names, (first, second), strict=True))
     return _Draft(
         key=f"{first_fruit}{first}{second_fruit}{second}:{names[0]}",
         question=(
             f"A basket holds {first} {first_fruit} and {second} {second_fruit}. "
-            f"Reply with JSON giving {names[0]}, {names[1]} and {names[2]}."
+            f"Reply with JSON giving {names[0]} and {names[1]}."
         ),
         # A mapping of field name to value: the rubric's `labelled_values` criterion reads it.
         ground_truth=fields,
@@ -234,8 +237,7 @@ JSON_RUBRIC: dict[str, Any] = {
             "params": {"schema": BASKET_SCHEMA},
         },
         # Partial credit per field asked for (value exact): a reply under the wrong naming
-        # states none of them; under the right one it gets the two counts it copies and the
-        # total when its addition is right.
+        # states none of them; under the right one it gets each count it copies right.
         {
             "name": "fields",
             "kind": "labelled_values",
