@@ -29,10 +29,12 @@ describe the same moment. Sync functions: the consumer calls them via
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
 
+import msgspec
 from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.fields.json import KT
@@ -71,8 +73,12 @@ COMPLETION_CHARS = 200
 Cursors = dict[str, Any]
 
 
+@functools.lru_cache(maxsize=4096)
 def is_chart_key(key: str) -> bool:
     return bool(CHART_KEY.match(key))
+
+
+_JSON = msgspec.json.Decoder()
 
 
 def _repeatable_read() -> None:
@@ -150,27 +156,20 @@ def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, l
         buckets = max(max_points // 2, 1)
         if count > max_points:
             return rollup.series(run_id, low, high, buckets)
-        # Every point is kept: one row per key with its steps and values in step order (far
-        # fewer rows to hand over than one per point).
+        # Every point is kept. The rows are decoded here rather than expanded in PostgreSQL:
+        # `jsonb_each` with the key pattern over 800 steps x 120 keys took ~2 s on a loaded
+        # machine, fetching the rows as text and decoding them ~0.1 s.
         cursor.execute(
-            """
-            SELECT kv.key, array_agg(m.step ORDER BY m.step),
-                   array_agg((kv.value #>> '{}')::float8 ORDER BY m.step)
-            FROM runs_metric m, jsonb_each(m."values") kv
-            WHERE m.run_id = %(run)s AND jsonb_typeof(kv.value) = 'number'
-              AND kv.key ~ %(pattern)s
-            GROUP BY kv.key
-            ORDER BY kv.key
-            """,
-            {"run": run_id, "pattern": CHART_KEY_SQL},
+            'SELECT step, "values"::text FROM runs_metric WHERE run_id = %s ORDER BY step',
+            [run_id],
         )
         series: dict[str, list[list[float]]] = {}
-        for key, steps, values in cursor.fetchall():
-            points = [[step, value] for step, value in zip(steps, values, strict=True)]
-            finite = [point for point in points if math.isfinite(point[1])]
-            if finite:
-                series[key] = finite
-        return series
+        for step, text in cursor.fetchall():
+            for key, raw in _JSON.decode(text).items():
+                value = _number(raw)
+                if value is not None and is_chart_key(key):
+                    series.setdefault(key, []).append([step, value])
+        return dict(sorted(series.items()))
 
 
 def _snapshot_xmin() -> int:
