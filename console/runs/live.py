@@ -172,7 +172,7 @@ def downsampled_series(run_id: int, max_points: int = MAX_POINTS) -> dict[str, l
         return dict(sorted(series.items()))
 
 
-def _snapshot_xmin() -> int:
+def snapshot_xmin() -> int:
     """The oldest transaction still open when this transaction's snapshot was taken (call
     first in the transaction: under REPEATABLE READ the first statement fixes the snapshot)."""
     with connection.cursor() as cursor:
@@ -226,7 +226,7 @@ def snapshot(run_id: int) -> dict[str, Any]:
     """Everything the page draws, and the cursors a later delta continues from."""
     with transaction.atomic():
         _repeatable_read()
-        xmin = _snapshot_xmin()
+        xmin = snapshot_xmin()
         run = Run.objects.get(pk=run_id)
         series = downsampled_series(run_id)
         metric_step, metric_keys = _metric_cursor(run_id)
@@ -293,7 +293,7 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
     snapshot instead."""
     with transaction.atomic():
         _repeatable_read()
-        xmin = _snapshot_xmin()
+        xmin = snapshot_xmin()
         run = Run.objects.get(pk=run_id)
         cursors = dict(since)
         # Every event of the transactions committed since the last read, transaction by

@@ -446,6 +446,45 @@ def test_past_its_bound_of_sent_transactions_a_cursor_holds_newer_ones_back_unti
     assert not last["held_back"] and last["cursors"]["event_sent"] == []
 
 
+def test_the_events_api_polled_by_the_last_id_misses_no_event_committed_out_of_id_order(
+    api_client_as: Any, attempt: Attempt
+) -> None:
+    # `GET /api/runs/<id>/events?after=<last id>`: A draws the first id and commits last. A
+    # list by id would have given B, and the next poll (after B's id) would have skipped A.
+    api = api_client_as(OWNER)
+    url = f"/api/runs/{attempt.run_id}/events"
+    a_wrote, a_may_commit = threading.Event(), threading.Event()
+
+    def writer_a() -> None:
+        try:
+            with transaction.atomic():
+                ConsoleSink(attempt).event("test.a", {})
+                a_wrote.set()
+                assert a_may_commit.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    try:
+        assert a_wrote.wait(10)
+        ConsoleSink(attempt).event("test.b", {})
+        polls = [api.get(f"{url}?after=0").json()]
+    finally:
+        a_may_commit.set()
+        thread.join()
+    while True:
+        after = next((p[-1]["id"] for p in reversed(polls) if p), 0)
+        polls.append(api.get(f"{url}?after={after}").json())
+        if not polls[-1]:
+            break
+    listed = [(e["kind"], e["id"]) for poll in polls for e in poll]
+    stored = RunEvent.objects.filter(run_id=attempt.run_id).order_by("id")
+    assert sorted(e[1] for e in listed) == list(stored.values_list("id", flat=True))
+    assert [kind for kind, _ in listed] == ["test.a", "test.b"]  # B waited for A's end
+    assert polls[0] == []
+
+
 def test_two_concurrent_writers_lose_and_repeat_no_event_across_a_reconnect(
     client_as: Any, attempt: Attempt
 ) -> None:
