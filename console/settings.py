@@ -102,13 +102,32 @@ def _channel_layer_address(url: str) -> str:
     return url
 
 
+def _channel_layer_host(url: str) -> dict[str, object]:
+    host: dict[str, object] = {
+        "address": _channel_layer_address(url),
+        "socket_timeout": None,
+        "socket_connect_timeout": 5,
+    }
+    if not url.startswith("redis+socket://"):
+        host["socket_keepalive"] = True  # a TCP option (a Unix socket's connection refuses it)
+    return host
+
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # A page's channel holds up to 1,000 waiting messages (the default 100 filled up with
         # 50 pages open on a run at 100 doorbells a second); past it, doorbells are dropped,
         # which the live stream survives (the next one reads everything since the cursors).
-        "CONFIG": {"hosts": [{"address": _channel_layer_address(REDIS_URL)}], "capacity": 1000},
+        # No socket timeout (redis-py's default is 5 s), for two reasons. A receive is a
+        # blocking pop that Redis answers within 5 s, empty or not: a 5 s read timeout fired
+        # on a loaded server and closed pages' sockets. And with any socket timeout redis-py
+        # sends each command through asyncio.wait_for, which in Python 3.11 loses a
+        # cancellation landing as the send completes: a page's receive cancelled then pops
+        # again forever (or until a read timeout). A Redis that goes away closes the socket,
+        # which fails the read; over TCP, keepalive notices a peer that vanished silently.
+        # Connecting keeps a timeout.
+        "CONFIG": {"hosts": [_channel_layer_host(REDIS_URL)], "capacity": 1000},
     }
 }
 

@@ -35,9 +35,9 @@ from console.runs.models import Run
 from console.status.metrics import websocket_clients
 
 RESUME_WAIT_S = 5.0
-# A read that found events committed behind a transaction still open (`live` ``held_back``)
-# reads again after this long, even when no doorbell rings (that transaction may be another
-# run's, or no writer's at all).
+# A read that left committed events unsent (`live` ``held_back``: a long transaction kept the
+# horizon back past MAX_SENT_XIDS newer ones) reads again after this long, even when no
+# doorbell rings (the transaction holding the horizon may be another run's, or no writer's).
 HELD_BACK_RETRY_S = 0.05
 
 

@@ -12,6 +12,7 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 
 from console.accounts.models import Team
 from console.registry.models import VersionStatus
+from console.runs.live import snapshot_xmin
 from console.runs.models import (
     LIVE_ATTEMPT_STATES,
     PER_STEP_EVENT_KINDS,
@@ -104,8 +105,26 @@ def run_trajectories(
     return list(rows.order_by("step", "index")[:limit])
 
 
-def run_events(*, run: Run, after_id: int = 0, limit: int = 200) -> QuerySet[RunEvent]:
-    return RunEvent.objects.filter(run=run, id__gt=after_id).order_by("id")[:limit]
+def run_events(*, run: Run, after_id: int = 0, limit: int = 200) -> list[RunEvent]:
+    """The run's events after event `after_id`, for a client that polls with the last id it
+    got. Ids are drawn before commit, so with several writers (the sink, an operator's edit,
+    the scheduler) a smaller id can commit after a bigger one was listed, and "id greater
+    than" would skip it for good. So events are listed by writing transaction, then id, and
+    only those of transactions older than the oldest one still open (every one of those has
+    ended: nothing can commit before them any more); "after" is after that event's place in
+    this order. An event that is gone (a restarted attempt deletes its step timelines) is
+    placed by id, as before."""
+    # Every transaction older than this horizon has ended, so later reads (each statement's own
+    # snapshot is newer) see all of its events.
+    xmin = snapshot_xmin()
+    events = RunEvent.objects.filter(run=run, xid__lt=xmin)
+    after = RunEvent.objects.filter(run=run, pk=after_id).values_list("xid", flat=True)
+    after_xid = after.first() if after_id else None
+    if after_xid is not None:
+        events = events.filter(Q(xid__gt=after_xid) | Q(xid=after_xid, id__gt=after_id))
+    else:
+        events = events.filter(id__gt=after_id)
+    return list(events.order_by("xid", "id")[:limit])
 
 
 def run_checkpoints(*, run: Run) -> QuerySet[Checkpoint]:

@@ -156,3 +156,38 @@ def test_doorbells_committed_together_ring_at_least_once_and_last_after_every_ro
     # Every plain notice, in order; the doorbells at least once, the last one last.
     assert notices == list(range(50))
     assert 1 <= len(rings) <= 50 and rings[-1] == 49 and rings == sorted(rings)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_receive_ends_whenever_the_cancel_lands():
+    # A page's channel-layer receive is cancelled when the page leaves (and when a test's event
+    # loop closes). Python 3.11's asyncio.wait_for loses a cancellation that lands as the call
+    # it waits for completes, and redis-py sends every command through wait_for when the
+    # connection has a socket timeout: a receive cancelled while its blocking pop was being
+    # sent went on popping (channels_redis pops again while a pop comes back empty) until a
+    # read timed out, or forever with a timeout longer than the pop's. Cancelled after each
+    # number of loop steps in turn, every receive must end, cancelled, at once.
+    import asyncio
+
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+
+    async def scenario() -> list[int]:
+        stuck = []
+        try:
+            for steps in range(40):
+                channel = await layer.new_channel()
+                task = asyncio.ensure_future(layer.receive(channel))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                task.cancel()
+                done, _ = await asyncio.wait([task], timeout=3)
+                if not (task in done and task.cancelled()):
+                    stuck.append(steps)
+        finally:
+            if stuck:  # end the lost receives (their reads fail) rather than hang the test
+                await layer.close_pools()
+        return stuck
+
+    assert async_to_sync(scenario)() == []

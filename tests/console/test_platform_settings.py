@@ -112,7 +112,16 @@ def test_the_channel_layer_and_celery_share_the_redis_url(monkeypatch):
     settings = load_settings(monkeypatch, REDIS_URL="redis+socket:///tmp/r/redis.sock")
     assert settings.CELERY_BROKER_URL == "redis+socket:///tmp/r/redis.sock"
     assert settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] == [
-        {"address": "unix:///tmp/r/redis.sock"}
+        {"address": "unix:///tmp/r/redis.sock", "socket_timeout": None, "socket_connect_timeout": 5}
+    ]
+    tcp = load_settings(monkeypatch, REDIS_URL="redis://cache:6379/0")
+    assert tcp.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] == [
+        {
+            "address": "redis://cache:6379/0",
+            "socket_timeout": None,
+            "socket_connect_timeout": 5,
+            "socket_keepalive": True,
+        }
     ]
 
 

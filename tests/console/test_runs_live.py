@@ -195,6 +195,7 @@ def test_the_snapshot_holds_the_series_events_and_newest_trajectories(
         "metric_keys": ["actor/kl", "eval/reward/mean", "reward/mean"]
         + ["reward/parity/mean", "timing_s/step"],
         "event_xid": snapshot["cursors"]["event_xid"],
+        "event_sent": [],
         "trajectory": [3, 9],
     }
     # Past every event written so far: a resume from here gets none of them again.
@@ -364,8 +365,10 @@ def test_pages_of_one_process_share_one_subscription_to_the_run(
 def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
     client_as: Any, attempt: Attempt
 ) -> None:
-    # Writer A draws its event's id first and commits last; writer B commits in between. A
-    # stream that followed ids would have shown B's event and skipped A's for good.
+    # Writer A draws its event's id (and transaction id) first and commits last; writer B
+    # commits in between. A stream that followed ids would have shown B's event and skipped
+    # A's for good; one that waited for the oldest open transaction would have held B's back
+    # until A ended.
     client = client_as(OWNER)
     a_wrote, a_may_commit = threading.Event(), threading.Event()
 
@@ -386,8 +389,9 @@ def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
         a = asyncio.get_running_loop().run_in_executor(None, writer_a)
         assert await asyncio.to_thread(a_wrote.wait, 10)
         await write(ConsoleSink(attempt), "event", "test.b", {"reason": "second id"})
-        # B's event waits behind A's open transaction: nothing is sent yet.
-        assert await communicator.receive_nothing(timeout=0.5)
+        # B's event is sent while A's transaction is still open.
+        messages.append(await communicator.receive_json_from(timeout=10))
+        assert await communicator.receive_nothing(timeout=0.3)
         a_may_commit.set()
         await a
         messages.append(await communicator.receive_json_from(timeout=10))
@@ -395,10 +399,90 @@ def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
         await communicator.disconnect()
         return messages
 
-    snapshot, delta = async_to_sync(scenario)()
+    snapshot, b_delta, a_delta = async_to_sync(scenario)()
     assert snapshot["events"] == []
-    assert [e["kind"] for e in delta["events"]] == ["test.a", "test.b"]
-    assert delta["events"][0]["id"] < delta["events"][1]["id"]
+    assert [e["kind"] for e in b_delta["events"]] == ["test.b"]
+    assert [e["kind"] for e in a_delta["events"]] == ["test.a"]
+    assert a_delta["events"][0]["id"] < b_delta["events"][0]["id"]
+    # B's transaction is past the horizon (A's, still open) and was sent: it is recorded in
+    # the cursor until the horizon passes it.
+    assert b_delta["cursors"]["event_sent"] and not b_delta["held_back"]
+
+
+def test_past_its_bound_of_sent_transactions_a_cursor_holds_newer_ones_back_until_the_horizon_moves(
+    attempt: Attempt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long transaction A keeps the horizon back while B, C and D commit; the cursor may
+    # record two sent transactions, so D waits (held_back) until A ends.
+    monkeypatch.setattr(live, "MAX_SENT_XIDS", 2)
+    a_wrote, a_may_commit = threading.Event(), threading.Event()
+
+    def writer_a() -> None:
+        try:
+            with transaction.atomic():
+                ConsoleSink(attempt).event("test.a", {})
+                a_wrote.set()
+                assert a_may_commit.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    try:
+        assert a_wrote.wait(10)
+        start = live.snapshot(attempt.run_id)
+        for kind in ("test.b", "test.c", "test.d"):
+            ConsoleSink(attempt).event(kind, {})
+        first = live.delta(attempt.run_id, start["cursors"])
+        again = live.delta(attempt.run_id, first["cursors"])
+    finally:
+        a_may_commit.set()
+        thread.join()
+    last = live.delta(attempt.run_id, again["cursors"])
+    assert [e["kind"] for e in first["events"]] == ["test.b", "test.c"]
+    assert first["held_back"] and len(first["cursors"]["event_sent"]) == 2
+    assert again["events"] == [] and again["held_back"]
+    assert [e["kind"] for e in last["events"]] == ["test.a", "test.d"]
+    assert not last["held_back"] and last["cursors"]["event_sent"] == []
+
+
+def test_the_events_api_polled_by_the_last_id_misses_no_event_committed_out_of_id_order(
+    api_client_as: Any, attempt: Attempt
+) -> None:
+    # `GET /api/runs/<id>/events?after=<last id>`: A draws the first id and commits last. A
+    # list by id would have given B, and the next poll (after B's id) would have skipped A.
+    api = api_client_as(OWNER)
+    url = f"/api/runs/{attempt.run_id}/events"
+    a_wrote, a_may_commit = threading.Event(), threading.Event()
+
+    def writer_a() -> None:
+        try:
+            with transaction.atomic():
+                ConsoleSink(attempt).event("test.a", {})
+                a_wrote.set()
+                assert a_may_commit.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    try:
+        assert a_wrote.wait(10)
+        ConsoleSink(attempt).event("test.b", {})
+        polls = [api.get(f"{url}?after=0").json()]
+    finally:
+        a_may_commit.set()
+        thread.join()
+    while True:
+        after = next((p[-1]["id"] for p in reversed(polls) if p), 0)
+        polls.append(api.get(f"{url}?after={after}").json())
+        if not polls[-1]:
+            break
+    listed = [(e["kind"], e["id"]) for poll in polls for e in poll]
+    stored = RunEvent.objects.filter(run_id=attempt.run_id).order_by("id")
+    assert sorted(e[1] for e in listed) == list(stored.values_list("id", flat=True))
+    assert [kind for kind, _ in listed] == ["test.a", "test.b"]  # B waited for A's end
+    assert polls[0] == []
 
 
 def test_two_concurrent_writers_lose_and_repeat_no_event_across_a_reconnect(
