@@ -3,24 +3,28 @@
 The channel layer only rings a doorbell ("something of run 7 was committed"); what a browser
 is shown is always read here, from PostgreSQL, newer than the connection's cursors:
 
-- ``metric_step`` and ``metric_keys``: the newest metric step the client holds and which chart
-  keys it holds at that step. Metrics of one step merge into one row (the loop writes a step's
-  training metrics, then its held-out evaluation into the same step), so the newest step is
-  read again and only the keys the client lacks there are sent.
-- ``event_xid`` and ``event_sent``: events are sent by writing transaction, not by id. Ids
-  are drawn before commit, so with two writers (a job's sink and an operator's edit, or two
-  benches) a smaller id can commit after a bigger one was sent; a cursor of ids would skip it
-  for good. Each read takes its snapshot's ``xmin`` (every transaction older than it has
-  committed or rolled back, so its events are final) and sends every visible event of a
-  transaction at or after ``event_xid`` that is not in ``event_sent``. The next cursor is
-  ``xmin``, with ``event_sent`` the transactions at or after it whose events were sent: a
+- ``event_xid`` and ``event_sent`` (and ``metric_xid``/``metric_sent``,
+  ``trajectory_xid``/``trajectory_sent``, the same for metric rows and trajectories, one
+  helper for the three: `_xid_window`): rows are sent by writing transaction, not by id or
+  step. Ids are drawn before commit, so with two writers (a job's sink and an operator's edit,
+  an old attempt's sink still flushing after a new attempt started, or two benches) a smaller
+  id can commit after a bigger one was sent; a cursor of ids or steps would skip it for good.
+  Each read takes its snapshot's ``xmin`` (every transaction older than it has committed or
+  rolled back, so its rows are final) and sends every visible row of a transaction at or
+  after ``event_xid`` that is not in ``event_sent``. The next cursor is ``xmin``, with
+  ``event_sent`` the transactions at or after it whose rows were sent: a
   transaction's rows appear all at once, so sending by transaction sends nothing twice, and a
   committed transaction is never held behind another writer's open one (which is what the
   horizon alone did: one writer's open 50-event transaction delayed the other's by its whole
   length). ``event_sent`` is bounded (MAX_SENT_XIDS): while a long transaction keeps the
   horizon back, newer transactions past the bound wait for it (the message says
   ``held_back`` and the consumer reads again shortly).
-- ``trajectory``: the newest ``[step, index]`` of a trajectory.
+- ``metric_step`` and ``metric_keys``: the newest metric step the client holds and which chart
+  keys it holds at that step. Metrics of one step merge into one row (the loop writes a step's
+  training metrics, then its held-out evaluation into the same step; the merge sets the row's
+  transaction again, so the row is read again), and only the keys the client lacks at its
+  newest step are sent. A late row at an older step is sent whole (the page keys points by
+  step, so a point it held is replaced by the same value).
 
 Every read runs in one REPEATABLE READ transaction, so the rows sent and the cursors returned
 describe the same moment. Sync functions: the consumer calls them via
@@ -184,19 +188,19 @@ def _shown_events(run_id: int) -> Any:
     return RunEvent.objects.filter(run_id=run_id).exclude(kind__in=PER_STEP_EVENT_KINDS)
 
 
-def _event_window(
-    run_id: int, floor: int, sent: list[int], xmin: int
+def _xid_window(
+    rows: Any, floor: int, sent: list[int], xmin: int
 ) -> tuple[Any, int, list[int], bool]:
-    """The events to send after the cursor (`floor`, `sent`) in a snapshot whose horizon is
-    `xmin` (see ``event_xid``), in write order; the next cursor's floor and sent
-    transactions; and whether committed events wait (``held_back``: MAX_SENT_XIDS reached)."""
+    """The rows of `rows` (a queryset of a model with ``xid``: events, metric rows,
+    trajectories) to send after the cursor (`floor`, `sent`) in a snapshot whose horizon is
+    `xmin` (see ``event_xid``); the next cursor's floor and sent transactions; and whether
+    committed rows wait (``held_back``: MAX_SENT_XIDS reached)."""
     new_floor = max(floor, xmin)  # never backwards: a cursor from another server is kept
     kept = [xid for xid in sent if xid >= new_floor]
     room = MAX_SENT_XIDS - len(kept)
     # The transactions past the horizon that are visible and not sent yet: committed ones.
     newer = list(
-        _shown_events(run_id)
-        .filter(xid__gte=new_floor)
+        rows.filter(xid__gte=new_floor)
         .exclude(xid__in=kept)
         .order_by("xid")
         .values_list("xid", flat=True)
@@ -209,8 +213,27 @@ def _event_window(
     if sent:
         settled &= ~Q(xid__in=sent)
     wanted = settled | Q(xid__in=newer) if newer else settled
-    events = _shown_events(run_id).filter(wanted)
-    return events, new_floor, sorted(kept + newer), held_back
+    return rows.filter(wanted), new_floor, sorted(kept + newer), held_back
+
+
+def _windows(run_id: int, since: Cursors, xmin: int) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """The events, metric rows and trajectories to send after `since` (by kind), the next
+    cursors' floors and sent transactions, and whether any committed row waits."""
+    tables = {
+        "event": _shown_events(run_id),
+        "metric": MetricRow.objects.filter(run_id=run_id),
+        "trajectory": _trajectory_rows(run_id),
+    }
+    rows: dict[str, Any] = {}
+    cursors: dict[str, Any] = {}
+    held_back = False
+    for kind, table in tables.items():
+        floor, sent = since.get(f"{kind}_xid", 0), since.get(f"{kind}_sent", [])
+        rows[kind], cursors[f"{kind}_xid"], cursors[f"{kind}_sent"], held = _xid_window(
+            table, floor, sent, xmin
+        )
+        held_back |= held
+    return rows, cursors, held_back
 
 
 def _metric_cursor(run_id: int) -> tuple[int, list[str]]:
@@ -230,17 +253,11 @@ def snapshot(run_id: int) -> dict[str, Any]:
         run = Run.objects.get(pk=run_id)
         series = downsampled_series(run_id)
         metric_step, metric_keys = _metric_cursor(run_id)
-        shown, floor, sent, held_back = _event_window(run_id, 0, [], xmin)
-        events = list(shown.order_by("-id")[:SNAPSHOT_EVENTS])
+        shown, windows, held_back = _windows(run_id, {}, xmin)
+        events = list(shown["event"].order_by("-id")[:SNAPSHOT_EVENTS])
         events.sort(key=lambda e: e.pk)
-        newest = list(_trajectory_rows(run_id).order_by("-step", "-index")[:SNAPSHOT_TRAJECTORIES])
-        cursors: Cursors = {
-            "metric_step": metric_step,
-            "metric_keys": metric_keys,
-            "event_xid": floor,
-            "event_sent": sent,
-            "trajectory": [newest[0].step, newest[0].index] if newest else [-1, -1],
-        }
+        newest = list(shown["trajectory"].order_by("-step", "-index")[:SNAPSHOT_TRAJECTORIES])
+        cursors: Cursors = {"metric_step": metric_step, "metric_keys": metric_keys, **windows}
         return {
             "type": "snapshot",
             **_run_facts(run),
@@ -256,32 +273,34 @@ def clean_cursors(value: Any) -> Cursors | None:
     """The cursors a client sent back with ``resume``, or None when they are malformed."""
     if not isinstance(value, dict):
         return None
+
+    def is_int(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
     try:
         metric_step = value["metric_step"]
         metric_keys = value.get("metric_keys", [])
         event_xid = value["event_xid"]
-        trajectory = value["trajectory"]
     except KeyError:
         return None
-    ints = (metric_step, event_xid, *trajectory) if isinstance(trajectory, list) else ()
-    if len(ints) != 4 or not all(isinstance(i, int) and not isinstance(i, bool) for i in ints):
+    if not is_int(metric_step) or not is_int(event_xid):
         return None
     if not isinstance(metric_keys, list) or not all(isinstance(k, str) for k in metric_keys):
         return None
     if len(metric_keys) > 1000:
         return None
-    event_sent = value.get("event_sent", [])
-    if not isinstance(event_sent, list) or len(event_sent) > MAX_SENT_XIDS:
-        return None
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in event_sent):
-        return None
-    return {
-        "metric_step": metric_step,
-        "metric_keys": sorted(set(metric_keys)),
-        "event_xid": event_xid,
-        "event_sent": sorted(set(event_sent)),
-        "trajectory": list(trajectory),
-    }
+    cleaned: Cursors = {"metric_step": metric_step, "metric_keys": sorted(set(metric_keys))}
+    for kind in ("event", "metric", "trajectory"):
+        # A page loaded before metric rows and trajectories had their own transaction
+        # cursors sends the events' one: the moment it describes held both.
+        xid = value.get(f"{kind}_xid", event_xid)
+        sent = value.get(f"{kind}_sent", value.get("event_sent", []))
+        if not is_int(xid) or not isinstance(sent, list) or len(sent) > MAX_SENT_XIDS:
+            return None
+        if not all(is_int(x) for x in sent):
+            return None
+        cleaned[f"{kind}_xid"], cleaned[f"{kind}_sent"] = xid, sorted(set(sent))
+    return cleaned
 
 
 def delta(run_id: int, since: Cursors) -> dict[str, Any]:
@@ -298,21 +317,14 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
         cursors = dict(since)
         # Every event of the transactions committed since the last read, transaction by
         # transaction, each in the order it wrote them (id).
-        shown, floor, sent, held_back = _event_window(
-            run_id, since["event_xid"], since.get("event_sent", []), xmin
-        )
-        events = list(shown.order_by("xid", "id"))
+        shown, windows, held_back = _windows(run_id, since, xmin)
+        events = list(shown["event"].order_by("xid", "id"))
         restarts = [e.step for e in events if e.kind == "run.started" and e.step is not None]
         truncate_after: int | None = min(restarts) if restarts else None
-        if truncate_after is not None:
-            if cursors["metric_step"] > truncate_after:
-                cursors["metric_step"] = truncate_after
-                row = MetricRow.objects.filter(run_id=run_id, step=truncate_after).first()
-                cursors["metric_keys"] = (
-                    sorted(k for k in row.values if is_chart_key(k)) if row else []
-                )
-            if cursors["trajectory"][0] > truncate_after:
-                cursors["trajectory"] = [truncate_after, 2**31]
+        if truncate_after is not None and cursors["metric_step"] > truncate_after:
+            cursors["metric_step"] = truncate_after
+            row = MetricRow.objects.filter(run_id=run_id, step=truncate_after).first()
+            cursors["metric_keys"] = sorted(k for k in row.values if is_chart_key(k)) if row else []
         newest_step = (
             MetricRow.objects.filter(run_id=run_id)
             .order_by("-step")
@@ -323,8 +335,7 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
             return snapshot(run_id)
         series: dict[str, list[list[float]]] = {}
         held = set(cursors["metric_keys"])
-        rows = MetricRow.objects.filter(run_id=run_id, step__gte=max(cursors["metric_step"], 0))
-        for row in rows.order_by("step"):
+        for row in shown["metric"].order_by("step"):
             present = []
             for key, raw in sorted(row.values.items()):
                 value = _number(raw)
@@ -340,14 +351,12 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
             elif row.step == cursors["metric_step"]:
                 held |= set(present)
         cursors["metric_keys"] = sorted(held)
-        after_step, after_index = cursors["trajectory"]
-        newer = _trajectory_rows(run_id).filter(
-            Q(step__gt=after_step) | Q(step=after_step, index__gt=after_index)
+        # A feed: the newest of the new ones (the rest count as sent).
+        new_trajectories = list(
+            shown["trajectory"].order_by("-step", "-index")[:DELTA_TRAJECTORIES]
         )
-        new_trajectories = list(newer.order_by("-step", "-index")[:DELTA_TRAJECTORIES])
-        if new_trajectories:
-            cursors["trajectory"] = [new_trajectories[0].step, new_trajectories[0].index]
-        cursors["event_xid"], cursors["event_sent"] = floor, sent
+        cursors.pop("trajectory", None)  # an older page's cursor, followed by transaction now
+        cursors.update(windows)
         message: dict[str, Any] = {
             "type": "delta",
             **_run_facts(run),

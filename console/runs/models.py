@@ -291,6 +291,13 @@ class Allocation(models.Model):
         return f"run {self.run_id} attempt {self.attempt_id} node {self.node_rank}"
 
 
+class CurrentXid(models.Func):
+    """The writing transaction's id (``pg_current_xact_id()``, 64 bits, never wraps)."""
+
+    template = "(pg_current_xact_id()::text::bigint)"
+    output_field = models.BigIntegerField()
+
+
 class TrajectoryRecord(models.Model):
     """One scored sample (training.trajectory.Trajectory in ``data``); the columns are what
     lists filter and sort on. (run, step, index) is unique: a replayed batch never doubles."""
@@ -310,6 +317,8 @@ class TrajectoryRecord(models.Model):
     discarded = models.CharField(max_length=32, blank=True, default="")
     data = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # The writing transaction: the live stream follows it, as for events (`RunEvent.xid`).
+    xid = models.BigIntegerField(db_default=CurrentXid(), editable=False)
 
     class Meta:
         db_table = "runs_trajectory"
@@ -320,6 +329,7 @@ class TrajectoryRecord(models.Model):
             )
         ]
         indexes = [
+            models.Index(fields=["run", "xid"], name="trajectory_run_xid"),
             models.Index(fields=["run", "domain", "reward"], name="trajectory_domain"),
             # The ops page's ingest rate reads the newest minute.
             models.Index(fields=["created_at"], name="trajectory_created"),
@@ -342,11 +352,15 @@ class MetricRow(models.Model):
     step = models.PositiveIntegerField()
     values = models.JSONField()
     updated_at = models.DateTimeField(auto_now=True)
+    # The transaction that last wrote the row (the sink's upsert sets it again when a step's
+    # evaluation merges in): the live stream follows it, as for events (`RunEvent.xid`).
+    xid = models.BigIntegerField(db_default=CurrentXid(), editable=False)
 
     class Meta:
         db_table = "runs_metric"
         ordering = ["run", "step"]
         constraints = [models.UniqueConstraint(fields=["run", "step"], name="metric_one_per_step")]
+        indexes = [models.Index(fields=["run", "xid"], name="metric_run_xid")]
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step}"
@@ -401,13 +415,6 @@ class MetricRollup(models.Model):
 # Events a run records every step (the stage timeline): kept for the step views, left out of
 # the event lists and chart markers, which are for what happens now and then.
 PER_STEP_EVENT_KINDS = ("step.timeline",)
-
-
-class CurrentXid(models.Func):
-    """The writing transaction's id (``pg_current_xact_id()``, 64 bits, never wraps)."""
-
-    template = "(pg_current_xact_id()::text::bigint)"
-    output_field = models.BigIntegerField()
 
 
 class RunEvent(models.Model):

@@ -208,7 +208,8 @@ class ConsoleSink:
                 'INSERT INTO runs_metric (run_id, step, "values", updated_at) '
                 "VALUES (%s, %s, %s::jsonb, now()) ON CONFLICT (run_id, step) "
                 'DO UPDATE SET "values" = runs_metric."values" || EXCLUDED."values", '
-                "updated_at = now()",
+                # The merging transaction is the row's writer now (the live stream's cursor).
+                "updated_at = now(), xid = pg_current_xact_id()::text::bigint",
                 [self.run.pk, step, _json(clean)],
             )
             rollup.record(self.run.pk, step, _json(clean))

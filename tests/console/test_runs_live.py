@@ -17,12 +17,13 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.db import connections, transaction
 from django.test import Client
+from django.utils.timezone import now
 
 from console.asgi import application
 from console.broadcast import flush_soon
 from console.runs import live, rollup, services
 from console.runs.models import Attempt, Host, MetricRollup, MetricRow, Run, RunEvent
-from console.runs.sink import ConsoleSink
+from console.runs.sink import ConsoleSink, copy_trajectory_rows, trajectory_row
 from tests.console.factories import ANONYMOUS, EVERYONE, OWNER, READERS, attempt_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -196,7 +197,10 @@ def test_the_snapshot_holds_the_series_events_and_newest_trajectories(
         + ["reward/parity/mean", "timing_s/step"],
         "event_xid": snapshot["cursors"]["event_xid"],
         "event_sent": [],
-        "trajectory": [3, 9],
+        "metric_xid": snapshot["cursors"]["event_xid"],  # one horizon for the three
+        "metric_sent": [],
+        "trajectory_xid": snapshot["cursors"]["event_xid"],
+        "trajectory_sent": [],
     }
     # Past every event written so far: a resume from here gets none of them again.
     newest = RunEvent.objects.filter(run_id=attempt.run_id).order_by("-xid").first()
@@ -407,6 +411,68 @@ def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
     # B's transaction is past the horizon (A's, still open) and was sent: it is recorded in
     # the cursor until the horizon passes it.
     assert b_delta["cursors"]["event_sent"] and not b_delta["held_back"]
+
+
+def test_a_metric_and_a_trajectory_committed_after_newer_ones_were_shown_are_still_sent(
+    client_as: Any, attempt: Attempt
+) -> None:
+    # As for events: writer A (an old attempt's sink still flushing) draws the first ids of a
+    # metric row and a trajectory and commits last; writer B (the new attempt's sink) writes a
+    # later step and commits in between. A cursor on the newest step or [step, index] would
+    # have skipped A's rows for good. (A writes the rows only: the sink's counters on the run
+    # row would make B wait for A's commit, which is not the case under test.)
+    client = client_as(OWNER)
+    a_wrote, a_may_commit = threading.Event(), threading.Event()
+
+    def writer_a() -> None:
+        try:
+            with transaction.atomic():
+                MetricRow.objects.create(run_id=attempt.run_id, step=1, values=train_metrics(1))
+                copy_trajectory_rows(
+                    [trajectory_row(attempt.run_id, attempt.pk, 0, trajectory(1, 0), now())]
+                )
+                services.notify(attempt.run, "run.metrics", {"step": 1}, wait=False)
+                a_wrote.set()
+                assert a_may_commit.wait(10)
+            flush_soon()
+        finally:
+            connections.close_all()
+
+    async def scenario() -> list[dict[str, Any]]:
+        communicator = socket(client, attempt.run_id)
+        assert (await communicator.connect(timeout=10))[0]
+        messages = [await communicator.receive_json_from(timeout=10)]
+        a = asyncio.get_running_loop().run_in_executor(None, writer_a)
+        assert await asyncio.to_thread(a_wrote.wait, 10)
+        sink = ConsoleSink(attempt)
+        await sync_to_async(sink.metrics)(2, train_metrics(2))
+        await write(sink, "trajectories", [trajectory(2, 0)])
+        # B's rows are sent while A's transaction is still open (one delta or two).
+        while not messages[-1]["trajectories"]:
+            messages.append(await communicator.receive_json_from(timeout=10))
+        assert await communicator.receive_nothing(timeout=0.3)
+        b_count = len(messages)
+        a_may_commit.set()
+        await a
+        messages.append(await communicator.receive_json_from(timeout=10))
+        assert await communicator.receive_nothing(timeout=0.3)
+        await communicator.disconnect()
+        messages.insert(b_count, {"b_ends": True})
+        return messages
+
+    messages = async_to_sync(scenario)()
+    split = next(i for i, m in enumerate(messages) if m.get("b_ends"))
+    before, after = messages[:split], messages[split + 1 :]
+    assert before[0]["series"] == {} and before[0]["trajectories"] == []
+    assert {step for _, step in points_of(before)} == {2}
+    assert {step for _, step in points_of(after)} == {1}
+    # Every point and every trajectory stored arrived once.
+    shown = points_of(before + after)
+    assert len(shown) == len(set(shown)) and set(shown) == set(db_points(attempt.run_id))
+    feed = [(t["step"], t["index"]) for m in before + after for t in m["trajectories"]]
+    assert feed == [(2, 0), (1, 0)]
+    stored = MetricRow.objects.filter(run_id=attempt.run_id).order_by("step")
+    assert stored[0].pk < stored[1].pk  # A's row has the smaller id: out of id order
 
 
 def test_past_its_bound_of_sent_transactions_a_cursor_holds_newer_ones_back_until_the_horizon_moves(
