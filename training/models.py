@@ -202,6 +202,7 @@ def portable_numerics_env() -> dict[str, str]:
         return dict(PORTABLE_NUMERICS_ENV)
     return {k: v for k, v in PORTABLE_NUMERICS_ENV.items() if k not in _AVX2_PINS}
 
+
 # Lines of the build's output kept for the error when it fails.
 _FAILURE_TAIL_LINES = 30
 

@@ -76,9 +76,7 @@ def test_a_cpu_without_avx2_is_not_pinned_to_avx2_kernels(monkeypatch):
     assert models.portable_numerics_env() == models.PORTABLE_NUMERICS_ENV
 
 
-def test_a_relative_target_is_the_callers_not_the_repositorys(
-    tmp_path, tiny_size, monkeypatch
-):
+def test_a_relative_target_is_the_callers_not_the_repositorys(tmp_path, tiny_size, monkeypatch):
     """The build's child runs in the repository root: a relative target still means the
     caller's directory."""
     monkeypatch.chdir(tmp_path)
