@@ -178,6 +178,31 @@ PORTABLE_NUMERICS_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
+# ATen takes ATEN_CPU_CAPABILITY=avx2 on trust: on a CPU without AVX2 and FMA (an emulated
+# "qemu64" CI runner, say) its kernels would die of SIGILL. Such a CPU gets only the thread
+# pins (the libraries choose their own paths there, so its bits are its own).
+_AVX2_PINS = ("MKL_CBWR", "ATEN_CPU_CAPABILITY")
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def portable_numerics_env() -> dict[str, str]:
+    """``PORTABLE_NUMERICS_ENV``, less the AVX2 pins where this CPU cannot run AVX2 code."""
+    if {"avx2", "fma"} <= _cpu_flags():
+        return dict(PORTABLE_NUMERICS_ENV)
+    return {k: v for k, v in PORTABLE_NUMERICS_ENV.items() if k not in _AVX2_PINS}
+
+
 # Lines of the build's output kept for the error when it fails.
 _FAILURE_TAIL_LINES = 30
 
@@ -191,7 +216,8 @@ def build_demo_model(
     (``PORTABLE_NUMERICS_ENV``); the caller's process and random stream are left alone.
     """
     settings = _build_settings(size, seed)
-    target = Path(target)
+    # Absolute: the child runs in the repository root, not the caller's directory.
+    target = Path(target).absolute()
     say = log or (lambda message: None)
     job = {"settings": settings, "eval_per_domain": EVAL_PER_DOMAIN}
     command = [
@@ -205,7 +231,7 @@ def build_demo_model(
     child = subprocess.Popen(
         command,
         cwd=REPO_ROOT,
-        env={**os.environ, **PORTABLE_NUMERICS_ENV},
+        env={**os.environ, **portable_numerics_env()},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

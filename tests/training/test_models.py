@@ -65,6 +65,27 @@ def test_a_cpu_with_other_vector_units_builds_the_same_bits(tmp_path, tiny_size,
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_cpu_without_avx2_is_not_pinned_to_avx2_kernels(monkeypatch):
+    """ATen trusts ATEN_CPU_CAPABILITY=avx2: pinned on a CPU without AVX2 its kernels would die
+    of SIGILL. Such a CPU keeps the thread pins only; one with AVX2 and FMA gets them all."""
+    monkeypatch.setattr(models, "_cpu_flags", lambda: {"sse2", "avx"})
+    env = models.portable_numerics_env()
+    assert "ATEN_CPU_CAPABILITY" not in env and "MKL_CBWR" not in env
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    monkeypatch.setattr(models, "_cpu_flags", lambda: {"sse2", "avx", "avx2", "fma"})
+    assert models.portable_numerics_env() == models.PORTABLE_NUMERICS_ENV
+
+
+def test_a_relative_target_is_the_callers_not_the_repositorys(tmp_path, tiny_size, monkeypatch):
+    """The build's child runs in the repository root: a relative target still means the
+    caller's directory."""
+    monkeypatch.chdir(tmp_path)
+    record = models.build_demo_model("rel", size=tiny_size, seed=7)
+    assert record["settings"]["seed"] == 7
+    assert (tmp_path / "rel" / models.BUILD_RECORD).is_file()
+    assert not (models.REPO_ROOT / "rel").exists()
+
+
 def test_a_failed_build_says_why_and_leaves_nothing(tmp_path, tiny_size, monkeypatch):
     monkeypatch.setitem(
         models.SIZES, "tiny", models.DemoModelSize(**{**TINY.__dict__, "learning_rate": -1.0})
