@@ -24,9 +24,9 @@ One step (`_Run.train_step`; the values passed between stages are named in `trai
 6. **Sync** (`_Run.sync_weights`): the new policy version into the rollout engine.
 7. **Record** (`_Run.record_step`): metrics, trajectories (with reward breakdown and
    provenance), the ``step.timeline`` event; a policy that has collapsed (one answer per
-   prompt while still mostly wrong: no gradient left) raises a ``run.collapsed`` event, and
-   ``run.collapse_recovered`` if it comes back. Then (in `run`) checkpoints every N steps and
-   held-out evaluation.
+   prompt while still mostly wrong, or spread out until every answer fails: no gradient
+   left) raises a ``run.collapsed`` event, and ``run.collapse_recovered`` if it comes back.
+   Then (in `run`) checkpoints every N steps and held-out evaluation.
 
 Determinism: sampling seeds derive from ``(seed, step, rank)``, the sampler's state and every
 RNG are in the checkpoint, so a run resumed from step k produces at step k+1 the same metrics

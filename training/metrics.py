@@ -158,11 +158,18 @@ class CollapseDetector:
     a row. A run that solved its tasks also has flat groups and low entropy, which is why the
     pass rate is part of the test.
 
+    The same dead end is reached the other way: a policy that spread out until its answers broke
+    (every group's reward 0, entropy many times its first value). An entropy bonus feeding
+    itself did that to parity on the recipe-7 demo base (entropy 0.13 -> 6 nats, held-out 0.00:
+    bench/README.md, "Learning"). The payload's ``cause`` says which: ``entropy_fell`` or
+    ``entropy_rose``.
+
     ``observe`` returns ``("run.collapsed", payload)`` on the step the run enters collapse,
     ``("run.collapse_recovered", payload)`` when it leaves, and ``None`` otherwise.
     """
 
     entropy_share: float = 0.1
+    entropy_growth: float = 3.0
     flat_fraction: float = 0.9
     pass_rate_below: float = 0.9
     patience: int = 3
@@ -178,10 +185,10 @@ class CollapseDetector:
             return None
         if self.initial_entropy is None:
             self.initial_entropy = entropy
+        fell = entropy <= self.entropy_share * self.initial_entropy
+        rose = entropy >= self.entropy_growth * self.initial_entropy
         looks_collapsed = (
-            entropy <= self.entropy_share * self.initial_entropy
-            and flat >= self.flat_fraction
-            and pass_rate < self.pass_rate_below
+            (fell or rose) and flat >= self.flat_fraction and pass_rate < self.pass_rate_below
         )
         self.streak = self.streak + 1 if looks_collapsed else 0
         payload = {
@@ -192,6 +199,7 @@ class CollapseDetector:
             "pass_rate": pass_rate,
             "reward_mean": metrics.get("reward/mean"),
             "steps": self.streak,
+            "cause": "entropy_fell" if fell else "entropy_rose" if rose else None,
         }
         if not self.collapsed and self.streak >= self.patience:
             self.collapsed = True

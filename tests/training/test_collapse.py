@@ -1,5 +1,6 @@
-"""Collapse becomes an event: a policy that stopped exploring while still wrong is reported
-(``run.collapsed``), one that solved its tasks is not, and one that comes back says so."""
+"""Collapse becomes an event: a policy that stopped exploring while still wrong, or spread out
+until every answer failed, is reported (``run.collapsed``), one that solved its tasks is not,
+and one that comes back says so."""
 
 from __future__ import annotations
 
@@ -47,6 +48,28 @@ def test_entropy_gone_flat_groups_and_half_wrong_for_three_steps_is_a_collapse()
     assert payload["initial_entropy"] == 0.13 and payload["frac_reward_zero_std"] == 1.0
 
 
+def test_entropy_blown_up_with_every_group_at_zero_is_a_collapse_too():
+    """Parity seed 0 on the recipe-7 base with an entropy bonus: one update broke the answer
+    format, then the bonus alone spread the policy (these are that run's figures)."""
+    changes = observe_all(
+        CollapseDetector(),
+        [
+            (0.126, 0.0, 0.5),
+            (0.138, 0.25, 0.43),
+            (0.268, 1.0, 0.06),
+            (0.396, 1.0, 0.0),
+            (0.655, 1.0, 0.0),
+            (0.764, 1.0, 0.0),
+        ],
+    )
+    assert changes[:5] == [None] * 5
+    kind, payload = changes[5]
+    assert kind == "run.collapsed"
+    assert payload["cause"] == "entropy_rose" and payload["steps"] == 3
+    low = observe_all(CollapseDetector(), [(0.13, 0.0, 0.5)] + [(0.005, 1.0, 0.5)] * 3)
+    assert low[3][1]["cause"] == "entropy_fell"
+
+
 def test_it_is_reported_once_and_its_recovery_is_reported_too():
     detector = CollapseDetector()
     rows = [(0.13, 0.0, 0.5)] + [(0.005, 1.0, 0.5)] * 6 + [(0.05, 0.4, 0.6)]
@@ -61,10 +84,12 @@ def test_it_is_reported_once_and_its_recovery_is_reported_too():
         [(0.13, 0.0, 0.5)] + [(0.005, 1.0, 1.0)] * 5,
         # Flat groups at a healthy entropy: the prompts are too easy or too hard, not a collapse.
         [(0.13, 0.0, 0.5)] + [(0.12, 1.0, 0.5)] * 5,
+        # Spreading out while the groups still differ: exploring, with a gradient to follow.
+        [(0.13, 0.0, 0.5)] + [(0.6, 0.2, 0.5)] * 5,
         # Collapsing for two steps, then exploring again: shorter than the patience.
         [(0.13, 0.0, 0.5), (0.005, 1.0, 0.5), (0.005, 1.0, 0.5), (0.1, 0.3, 0.5)] * 2,
     ],
-    ids=["solved", "flat-but-exploring", "brief"],
+    ids=["solved", "flat-but-exploring", "spreading-with-signal", "brief"],
 )
 def test_what_is_not_a_collapse(rows):
     assert [c for c in observe_all(CollapseDetector(), rows) if c] == []
