@@ -36,7 +36,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PROMPTS, GROUP, STEPS = 4, 2, 8
 # The first two attempts wait before their fourth step until the test releases them (see
-# runs_hold.py): the test kills a node of the first and preempts the second there. On an idle
+# runs_hold.py): the test kills a node of the first and preempts the second there; the third
+# waits before its fifth, where the test kills a host's whole agent. On an idle
 # machine a step takes ~0.2 s; a run the test merely watched could end (the resumed attempt's few
 # steps are over in a second) before the kill or the preemption reached it, and the test would
 # then see a completed attempt instead.
@@ -81,6 +82,9 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     cluster, parity, api_client_as
 ):
     cluster.hold("two-hosts", after_step=HELD_AFTER, attempts=(1, 2))
+    # The third attempt resumes from the preemption's checkpoint (step HELD_AFTER) and is held
+    # after one step of its own, so that it is caught training when its host's agent dies.
+    cluster.hold("two-hosts", after_step=HELD_AFTER + 1, attempts=(3,))
     document = default_document(model="demo", domains=[("parity", 1.0)])
     document.update(name="two-hosts", max_steps=STEPS)
     document["batch"].update(prompts_per_step=PROMPTS, group_size=GROUP)
@@ -176,10 +180,12 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
         what="the third attempt to train",
         cluster=cluster,
     )
+    cluster.wait_held("two-hosts", attempt=3)
     third = Attempt.objects.get(run_id=run_id, number=3)
     third_pids = [n.pid for n in third.allocations.all() if n.pid]
     cluster.kill("node-b")
     cluster.start_agent("node-b")
+    cluster.release("two-hosts", attempt=3)  # rank 0 goes on, if it is still there
     wait_for(
         lambda: (
             not Allocation.objects.filter(
