@@ -66,12 +66,13 @@ def cluster(cluster: Cluster) -> Cluster:
 
 
 def gang_processes(pids: list[int]) -> list[psutil.Process]:
-    """Every process still in the process groups the agents started (each node's job leads
-    its own group)."""
+    """Every live process still in the process groups the agents started (each node's job
+    leads its own group). A zombie has exited: it only waits for whoever adopted it (init, once
+    its agent is dead) to reap it, which it may not have done yet."""
     left = []
     for process in psutil.process_iter(["pid"]):
         try:
-            if os.getpgid(process.pid) in pids:
+            if os.getpgid(process.pid) in pids and process.status() != psutil.STATUS_ZOMBIE:
                 left.append(process)
         except (ProcessLookupError, psutil.Error):
             continue
