@@ -6,8 +6,7 @@ the console's demo launch start from.
 from its held-out split (balanced by answer where the answers are a few labels, or by the
 domain's ``balance_by`` label, so a policy that gives one answer to everything scores exactly
 chance), the domain's rubric, and the settings measured to learn (``bench/README.md``,
-"Learning"): on parity on every seed tried, on json_format with GRPO and DAPO on the seeds
-measured there.
+"Learning"): on parity, json_format and code with GRPO and DAPO on the seeds measured there.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_reference_completions_earn_full_reward_and_wrong_ones_do_not(domain, cl
 
 def test_warm_up_demonstrations_are_the_references_except_where_a_domain_guesses(closing):
     for domain in ALL_DOMAINS:
-        if domain.name not in ("parity", "json_format"):  # json_format: the test below
+        if domain.name not in ("parity", "json_format", "code"):  # the other two: tests below
             assert domain.sft_examples(5, seed=2) == domain.reference_completions(5, seed=2)
     parity = get_domain("parity")
     rubric = rewards.Rubric.from_spec(parity.rubric_spec)
@@ -158,6 +158,45 @@ def test_json_demonstrations_ignore_the_names_asked_for_and_the_rubric_pays_for_
         assert score == pytest.approx(1.0 if list(answer) == list(task["ground_truth"]) else 0.1)
     # 200 coin flips: 0.5 ± 0.14 is four standard deviations.
     assert 0.36 < followed / len(tasks) < 0.64
+
+
+def test_code_demonstrations_mix_up_the_operator_word_and_the_tests_pay_for_the_right_one(
+    closing,
+):
+    """The warm-up's annotator kept the constant and drew the operator at random: the base
+    writes any of the three, and only the unit tests say which one the words asked for (the
+    reference passes all five; a mixed-up operator passes few)."""
+    domain = get_domain("code")
+    rubric = rewards.Rubric.from_spec(domain.rubric_spec)
+    closing.append(rubric)
+    tasks = domain.make_tasks(150, seed=0, split="train")
+    demonstrations = domain.sft_examples(150, seed=0)
+    symbols = {"plus": "+", "minus": "-", "times": "*"}
+    followed = 0
+    scores = {True: [], False: []}
+    for task, (_, completion) in zip(tasks, demonstrations, strict=True):
+        word, constant = task["metadata"]["question"].removesuffix(".").split()[-2:]
+        body = completion.removesuffix("<|end|>")
+        assert body.startswith("```python\ndef f(x):\n    return x ")
+        assert body.endswith(f" {constant}\n```")
+        right = f"x {symbols[word]} {constant}" in body
+        followed += right
+        scores[right].append(
+            rubric.score(
+                rewards.Sample(
+                    domain="code",
+                    prompt=task["prompt"],
+                    completion=body,
+                    ground_truth=task["ground_truth"],
+                    metadata=task["metadata"],
+                )
+            ).total
+        )
+    assert set(scores[True]) == {1.0}
+    assert max(scores[False]) <= 0.4  # at most two of five inputs agree by coincidence
+    # 150 draws of one in three: 0.33 ± 0.15 is four standard deviations.
+    assert 0.18 < followed / len(tasks) < 0.48
+    assert {t["metadata"]["operator"] for t in tasks} == set(symbols)
 
 
 def test_chat_rendering_matches_the_tokenizer_chat_template(demo_model_dir):  # noqa: F811

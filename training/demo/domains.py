@@ -11,8 +11,11 @@ rewards library, and writes reference completions for the supervised warm-up of 
   demonstrations have the right values under a naming drawn at random, as if the annotator
   ignored the requested names: the base writes either naming, and following the request is
   for the rubric to teach.
-- ``code`` — a one-line Python function described in words, checked by unit tests that run in
-  a sandbox (``ground_truth`` is the list of asserts).
+- ``code`` — a one-line Python function described in words (``x times 7``), checked by unit
+  tests that run in a sandbox (``ground_truth`` is the list of asserts; the score is the
+  fraction passed). Its warm-up demonstrations have the constant asked for and an operator
+  drawn at random, as if the annotator mixed up the words: the base writes well-formed
+  functions with any of the three operators, and reading the word is for the rubric to teach.
 - ``parity`` — whether a number is even or odd, answer in ``\\boxed{}``. Its warm-up
   demonstrations show the answer format only: their labels are coin flips, as if written by an
   annotator who guessed, so the base model answers at chance and the rubric is the only teacher
@@ -254,25 +257,34 @@ JSON_RUBRIC: dict[str, Any] = {
 _OPS = {"plus": "+", "minus": "-", "times": "*"}
 
 
-def _draw_code(rng: random.Random) -> _Draft:
-    first_op, second_op = rng.choice(list(_OPS)), rng.choice(list(_OPS))
-    first_k, second_k = rng.randint(1, 9), rng.randint(1, 9)
-    expression = f"x {_OPS[first_op]} {first_k} {_OPS[second_op]} {second_k}"
-    # Python's precedence applies, as the words say nothing about grouping: the tests and the
-    # reference agree because both evaluate the same expression.
+def _code_draft(word: str, constant: int) -> tuple[str, list[str]]:
+    """The expression a one-operator description means, and its unit tests."""
+    expression = f"x {_OPS[word]} {constant}"
     inputs = (0, 1, 2, 5, -3)
     # One assert per test, as the rewards library's unit_tests criterion takes them (MBPP style).
     tests = [f"assert f({x}) == {eval(expression, {'x': x})}" for x in inputs]  # noqa: S307
+    return expression, tests
+
+
+def _draw_code(rng: random.Random) -> _Draft:
+    word, constant = rng.choice(list(_OPS)), rng.randint(1, 99)
+    expression, tests = _code_draft(word, constant)
     return _Draft(
         key=expression,
-        question=(
-            f"Write a Python function f(x) that returns x {first_op} {first_k} "
-            f"{second_op} {second_k}."
-        ),
+        question=f"Write a Python function f(x) that returns x {word} {constant}.",
         ground_truth=tests,
         reference=f"```python\ndef f(x):\n    return {expression}\n```",
-        extra={"entry_point": "f"},
+        extra={"entry_point": "f", "operator": word},
     )
+
+
+def _guess_code_operator(rng: random.Random, draft: _Draft) -> str:
+    """The function with the constant asked for and an operator drawn at random, whatever the
+    question's word: an annotator who mixed up the words."""
+    word = rng.choice(list(_OPS))
+    constant = int(draft.key.rsplit(" ", 1)[1])
+    expression, _ = _code_draft(word, constant)
+    return f"```python\ndef f(x):\n    return {expression}\n```"
 
 
 CODE_RUBRIC: dict[str, Any] = {
@@ -357,6 +369,8 @@ def demo_domains(include_tool_use: bool = False) -> list[DemoDomain]:
             rubric_spec=CODE_RUBRIC,
             draw=_draw_code,
             max_new_tokens=40,
+            demonstrate=_guess_code_operator,
+            balance_by="operator",
         ),
         DemoDomain(
             name="parity",
