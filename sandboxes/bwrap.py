@@ -282,11 +282,67 @@ def _trusted_binary(path: Path) -> bool:
     )
 
 
+#: A launcher built from another version of ``launch.c`` that no process has started using
+#: for this long is removed (see ``remove_stale_launchers``).
+STALE_LAUNCHER_S = 3600.0
+LAUNCHER_PREFIX = "sandbox-launch-"
+_STAGING_PREFIX = ".sandbox-launch-"
+
+
 def launch_binary(root: Path) -> str | None:
     """``sandbox-launch`` for this root (see ``_launch_binary``), or None for the shell launch."""
     if os.environ.get("SANDBOXES_LAUNCHER") == "shell":
         return None
-    return _launch_binary(root)
+    binary = _launch_binary(root)
+    if binary is not None and not os.path.exists(binary):
+        # Removed under us (by another version's clean-up, or by hand): build it again.
+        _launch_binary.cache_clear()
+        binary = _launch_binary(root)
+    return binary
+
+
+def _launcher_name(source: bytes) -> str:
+    return f"{LAUNCHER_PREFIX}{hashlib.sha256(source).hexdigest()[:16]}"
+
+
+def remove_stale_launchers(root: Path, keep: str | None = None) -> list[str]:
+    """Removes what old launchers left in ``root``; returns the names removed.
+
+    The binary's name is the hash of ``launch.c``, so one source gives one file that every
+    process and session reuses; each change of the source adds one. A process touches its
+    binary's mtime when it starts using it, so a binary of another version whose mtime is
+    older than ``STALE_LAUNCHER_S`` has no user that started within that time; it goes, as do
+    build staging files of dead builders. A process that still uses a removed binary builds it
+    again (``launch_binary``), and a running launch or init keeps its open file.
+    """
+    from sandboxes.janitor import pid_alive
+
+    if keep is None:
+        with contextlib.suppress(OSError):
+            keep = _launcher_name(LAUNCH_SOURCE.read_bytes())
+    removed: list[str] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if name.startswith(_STAGING_PREFIX):
+            owner = name[len(_STAGING_PREFIX) :].split("-")[0]
+            stale = owner.isdigit() and not pid_alive(int(owner))
+        elif name.startswith(LAUNCHER_PREFIX) and name != keep:
+            try:
+                stale = now - entry.stat(follow_symlinks=False).st_mtime > STALE_LAUNCHER_S
+            except OSError:
+                continue
+        else:
+            continue
+        if stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(name)
+    return removed
 
 
 @lru_cache(maxsize=4)
@@ -294,16 +350,23 @@ def _launch_binary(root: Path) -> str | None:
     """``sandbox-launch`` (``launch.c``), compiled once per machine into the sandboxes root.
 
     The root is private to us (``ensure_root``: ours, mode 0711), so nobody else can swap the
-    binary we exec as root. Keyed by the source's hash: a changed launcher builds anew. None
-    without a C compiler (or with ``SANDBOXES_LAUNCHER=shell``): the shell launch is used.
+    binary we exec as root. Keyed by the source's hash: a changed launcher builds anew, and
+    old versions nobody started using for an hour are removed (``remove_stale_launchers``).
+    None without a C compiler (or with ``SANDBOXES_LAUNCHER=shell``): the shell launch is used.
     """
     try:
         source = LAUNCH_SOURCE.read_bytes()
     except OSError:
         return None
-    target = root / f"sandbox-launch-{hashlib.sha256(source).hexdigest()[:16]}"
+    target = root / _launcher_name(source)
     if _trusted_binary(target):
-        return str(target) if _runs(target) else None
+        if not _runs(target):
+            return None
+        # Marks it as in use (see remove_stale_launchers); once per process, not per launch.
+        with contextlib.suppress(OSError):
+            os.utime(target)
+        return str(target)
+    remove_stale_launchers(root, keep=target.name)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None

@@ -505,6 +505,7 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
     monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
     v1, v2 = cgroup_mounts()
     sandbox = Sandbox(SandboxSpec(timeout_s=60)).open()
+    runner: threading.Thread | None = None  # the skip below comes before it exists
     try:
         group = sandbox._require().cgroup  # type: ignore[attr-defined]
         if group is None:
@@ -543,7 +544,8 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
                 )
     finally:
         sandbox.close()
-        runner.join(timeout=20)
+        if runner is not None:
+            runner.join(timeout=20)
     assert_nothing_left(sandbox.name)
 
 
@@ -707,6 +709,51 @@ def test_a_planted_launcher_binary_is_never_executed(tmp_path):
         [built, "--bogus", "--", "/bin/true"], capture_output=True, text=True, check=False
     )
     assert refused.returncode == 125 and "bad argument" in refused.stderr
+
+
+def test_one_launcher_per_source_is_reused_and_old_ones_are_removed(tmp_path, monkeypatch):
+    """The launcher's name is its source's hash: every process reuses the one file, and what
+    older sources and dead builds left in the root goes (at a build, and with the janitor)."""
+    import shutil
+
+    from sandboxes import bwrap, janitor
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
+    if os.statvfs(tmp_path).f_flag & os.ST_NOEXEC:
+        pytest.skip("pytest's temporary directory is noexec here: no launcher runs from it")
+    root = tmp_path / "root"
+    root.mkdir(mode=0o711)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = time.time() - 2 * bwrap.STALE_LAUNCHER_S
+    unused = root / "sandbox-launch-0123456789abcdef"  # another source, nobody started it lately
+    recent = root / "sandbox-launch-fedcba9876543210"  # another source, in use elsewhere
+    dead_build = root / f".sandbox-launch-{dead.pid}-1"  # a build killed half-way
+    live_build = root / f".sandbox-launch-{os.getpid()}-99"  # a build still going
+    for path in (unused, recent, dead_build, live_build):
+        path.write_bytes(b"\x7fELF")
+    os.utime(unused, (old, old))
+    built = bwrap.launch_binary(root)
+    assert built is not None
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [Path(built).name, recent.name, live_build.name]
+    )
+    # Another process (a new cache) reuses the file as it is: no build, same inode.
+    inode = os.stat(built).st_ino
+    bwrap._launch_binary.cache_clear()
+    assert bwrap.launch_binary(root) == built
+    assert os.stat(built).st_ino == inode
+    # Removed under a process that uses it: the next launch builds it again.
+    os.unlink(built)
+    assert bwrap.launch_binary(root) == built
+    assert os.path.exists(built)
+    # The janitor removes a version nobody started using for an hour, never the current one.
+    os.utime(recent, (old, old))
+    os.utime(built, (old, old))
+    monkeypatch.setenv("SANDBOXES_ROOT", str(root))
+    assert recent.name in janitor.reap_stale()
+    assert sorted(p.name for p in root.iterdir()) == sorted([Path(built).name, live_build.name])
 
 
 def test_close_kills_every_process_before_it_returns_and_the_reaper_removes_the_rest():
