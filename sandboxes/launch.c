@@ -2,6 +2,7 @@
  *
  *   sandbox-launch [--join FILE]... [--rlimit RESOURCE VALUE]... [--ids UID GID] -- PROGRAM ARG...
  *   sandbox-launch --init -- COMMAND ARG...          (inside the sandbox, as its pid 1)
+ *   sandbox-launch --init-wait FD                    (the same, with the command read from FD)
  *
  * In this order: writes "0" (itself) into each cgroup join FILE, sets each limit (soft = hard),
  * drops to UID/GID with no supplementary groups, checks the drop cannot be undone, and execs
@@ -47,7 +48,7 @@ static unsigned long long number(const char *text) {
  * SIGPIPE) and its status (128 + signal); a command that cannot start gets the shell's message
  * and status (127 not found, 126 otherwise). When this exits, the kernel kills the rest of the
  * pid namespace. One static exec instead of the shell's dynamically linked one. */
-static int init(char **command) {
+static int init(char **command, char **env, const char *cwd, int null_stdin) {
     signal(SIGINT, SIG_IGN);
     signal(SIGQUIT, SIG_IGN);
     pid_t child = fork();
@@ -56,6 +57,22 @@ static int init(char **command) {
         return 2;
     }
     if (child == 0) {
+        if (env)
+            environ = env; /* before execvp: its PATH search reads this environment */
+        if (cwd && chdir(cwd) != 0) {
+            fprintf(stderr, "sandbox-init: cannot change directory to %s: %s\n", cwd,
+                    strerror(errno));
+            _exit(125);
+        }
+        if (null_stdin) {
+            int null = open("/dev/null", O_RDWR); /* as subprocess.DEVNULL */
+            if (null < 0 || dup2(null, 0) != 0) {
+                perror("sandbox-init: /dev/null");
+                _exit(125);
+            }
+            if (null != 0)
+                close(null);
+        }
         /* execvp: PATH search, EACCES remembered while later directories are tried, and a
          * file without #! run by /bin/sh, as the shell does. */
         execvp(command[0], command);
@@ -87,9 +104,76 @@ static int init(char **command) {
     }
 }
 
+/* A sandbox started ahead of its first command (sandboxes/bwrap.py, ``Prestarted``): pid 1
+ * waits on FD for the command, then runs it as init() does. FD carries NUL-terminated fields
+ * up to EOF: the working directory, "null" or "pipe" (stdin from /dev/null, or the stdin this
+ * process was started with), the number of environment entries, the entries, the argv. EOF
+ * without a command (the host gave the sandbox up) ends it. Nothing but this process runs in
+ * the sandbox until then; FD is closed before the command starts. */
+static int init_wait(const char *fd_text) {
+    int fd = (int)number(fd_text);
+    size_t size = 0, capacity = 65536;
+    char *message = malloc(capacity);
+    for (;;) {
+        if (!message) {
+            perror("sandbox-init: message");
+            return 125;
+        }
+        if (size == capacity) {
+            capacity *= 2;
+            message = realloc(message, capacity);
+            continue;
+        }
+        ssize_t got = read(fd, message + size, capacity - size);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            perror("sandbox-init: read");
+            return 125;
+        }
+        if (got == 0)
+            break;
+        size += (size_t)got;
+    }
+    close(fd);
+    if (size == 0)
+        return 0; /* given up: no command */
+    size_t fields = 0;
+    for (size_t k = 0; k < size; k++)
+        fields += message[k] == '\0';
+    if (message[size - 1] != '\0' || fields < 4) {
+        fprintf(stderr, "sandbox-init: malformed command\n");
+        return 125;
+    }
+    char **field = calloc(fields + 1, sizeof(char *));
+    if (!field) {
+        perror("sandbox-init: fields");
+        return 125;
+    }
+    for (size_t k = 0, start = 0; k < fields; k++) {
+        field[k] = message + start;
+        start += strlen(field[k]) + 1;
+    }
+    unsigned long long count = number(field[2]);
+    if (count + 4 > fields) {
+        fprintf(stderr, "sandbox-init: malformed command\n");
+        return 125;
+    }
+    char **env = calloc(count + 1, sizeof(char *));
+    if (!env) {
+        perror("sandbox-init: environment");
+        return 125;
+    }
+    for (size_t k = 0; k < count; k++)
+        env[k] = field[3 + k];
+    return init(field + 3 + count, env, field[0], strcmp(field[1], "null") == 0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 3 && strcmp(argv[1], "--init") == 0 && strcmp(argv[2], "--") == 0)
-        return init(argv + 3);
+        return init(argv + 3, NULL, NULL, 0);
+    if (argc == 3 && strcmp(argv[1], "--init-wait") == 0)
+        return init_wait(argv[2]);
     int i = 1;
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {

@@ -585,6 +585,7 @@ def test_bwrap_never_starts_when_joining_its_cgroup_fails(launcher, monkeypatch,
     """A launch whose cgroup join fails stops before bwrap: nothing runs outside the group."""
     from sandboxes.cgroups import RunMark
 
+    monkeypatch.setenv("SANDBOXES_PRESTART", "0")  # a bwrap started for the run: begin_run
     if launcher == "shell":
         monkeypatch.setenv("SANDBOXES_LAUNCHER", "shell")
     with Sandbox(SandboxSpec()) as sandbox:
@@ -600,6 +601,35 @@ def test_bwrap_never_starts_when_joining_its_cgroup_fails(launcher, monkeypatch,
         with pytest.raises(SandboxError, match="could not set up the sandbox"):
             sandbox.run(["touch", "/work/ran"])
         monkeypatch.setattr(driver.cgroup, "begin_run", real_begin)
+        assert sandbox.run(["ls", "/work"]).stdout == ""
+    assert_nothing_left(sandbox.name)
+
+
+def test_a_bwrap_started_ahead_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path):
+    """The same for a spare's bwrap started ahead: its launch stops before bwrap, and the
+    sandbox's first run fails as a launch on the spot would (it joins the same groups)."""
+    from sandboxes import bwrap
+    from sandboxes.cgroups import CgroupV1Group, CgroupV2Group, RunMark, manager
+    from sandboxes.workspace import sandboxes_root
+    from tests.sandboxes.conftest import open_started_ahead
+
+    if bwrap.launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    group_class = CgroupV1Group if manager().version == 1 else CgroupV2Group
+    real_begin = group_class.begin_run
+
+    def broken_begin(self: object, name: str, memory_mb: int) -> RunMark:
+        mark = real_begin(self, name, memory_mb)  # type: ignore[arg-type]
+        mark.procs_paths = [*mark.procs_paths, os.fsencode(tmp_path / "absent" / "tasks")]
+        return mark
+
+    monkeypatch.setattr(group_class, "begin_run", broken_begin)
+    spec = SandboxSpec(memory_mb=97)  # a shape of its own: its spares are made broken
+    sandbox = open_started_ahead(spec)
+    with sandbox:
+        with pytest.raises(SandboxError, match="could not set up the sandbox"):
+            sandbox.run(["touch", "/work/ran"])
+        monkeypatch.setattr(group_class, "begin_run", real_begin)
         assert sandbox.run(["ls", "/work"]).stdout == ""
     assert_nothing_left(sandbox.name)
 
