@@ -18,6 +18,7 @@ started, in its first run's cgroup, waiting for the command (``Prestarted``).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import functools
 import hashlib
@@ -30,6 +31,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import threading
 import time
@@ -544,21 +546,26 @@ class Prestarted:
 
     The same launch as a first run's (launcher, cgroup join of the run's own group, limits,
     ids, bwrap with every flag, seccomp), except that pid 1 (``launch.c --init-wait``) waits
-    on a pipe for the command instead of getting it on its command line: the working
-    directory, whether stdin is /dev/null, the environment and the argv. Nothing runs in the
-    sandbox until then but bwrap and that init. Namespaces, mounts, the seccomp load and
-    three execs (~2.5 ms of wall time here, most of a first run's overhead) then happen on the
+    on a unix socket for the command instead of getting it on its command line: the working
+    directory, the environment, the argv and, when the run has stdin data, the read end of a
+    pipe made for the run (else /dev/null, as ``subprocess.DEVNULL``). Nothing runs in the
+    sandbox until then but bwrap and that init. Namespaces, mounts, the seccomp load and three
+    execs (~2.5 ms of wall time here, most of a first run's overhead) then happen on the
     reaper's thread between sandboxes, not on the caller's path; the CPU is the same.
+
+    The message has a length and the stdin pipe is made at the run, so a process the host
+    forks meanwhile (holding copies of what the host holds) cannot leave the command waiting
+    for an EOF.
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes], status_read: int, command_write: int):
+    def __init__(self, proc: subprocess.Popen[bytes], channel: socket.socket, status_read: int):
         self.proc = proc
+        self.channel: socket.socket | None = channel
         self.status_read = status_read
-        self.command_write: int | None = command_write
 
     @staticmethod
-    def message(cwd: str, env: Mapping[str, str], argv: Sequence[str], stdin: bool) -> bytes:
-        fields = [cwd, "pipe" if stdin else "null", str(len(env))]
+    def message(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> bytes:
+        fields = [cwd, str(len(env))]
         fields += [f"{name}={value}" for name, value in env.items()]
         fields += list(argv)
         encoded = [os.fsencode(field) for field in fields]
@@ -566,25 +573,29 @@ class Prestarted:
             raise ValueError("embedded null byte")
         return b"".join(field + b"\0" for field in encoded)
 
-    def send(self, message: bytes) -> None:
+    def send(self, message: bytes, stdin_fd: int | None) -> None:
         """Hands the command to the waiting init (a bwrap that failed or died takes nothing:
         its status then tells, as for a bwrap started on the spot)."""
-        fd, self.command_write = self.command_write, None
-        assert fd is not None
+        channel, self.channel = self.channel, None
+        assert channel is not None
+        rights = (
+            []
+            if stdin_fd is None
+            else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(array.array("i", [stdin_fd])))]
+        )
         try:
-            view = memoryview(message)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BrokenPipeError:
+            channel.sendmsg([struct.pack("Q", len(message))], rights)
+            channel.sendall(message)
+        except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            os.close(fd)
+            channel.close()
 
     def end(self) -> None:
         """Gives the sandbox up: its init gets no command and exits."""
-        fd, self.command_write = self.command_write, None
-        if fd is not None:
-            os.close(fd)
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
 
     def reap(self) -> None:
         """After its cgroup was killed or emptied: waits for bwrap, closes what we hold."""
@@ -773,16 +784,16 @@ class BwrapDriver:
         """Starts a spare's bwrap ahead, waiting for its first command (see ``Prestarted``)."""
         args = self._build_args(workspace)
         status_read, status_write = os.pipe()
-        command_read, command_write = os.pipe()
-        passed = [status_write, command_read]
+        channel, inside_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours = [status_write]  # closed here once bwrap has them
         args += ["--chdir", "/", "--json-status-fd", str(status_write)]
         if seccomp.supported() is None:
             filter_fd = seccomp.filter_fd(
                 seccomp.build_filter(block_ip_sockets=self.spec.network == "none")
             )
-            passed.append(filter_fd)
+            ours.append(filter_fd)
             args += ["--seccomp", str(filter_fd)]
-        args += ["--", INIT_PATH, "--init-wait", str(command_read)]
+        args += ["--", INIT_PATH, "--init-wait", str(inside_end.fileno())]
         try:
             proc = spawn_bwrap(
                 args,
@@ -791,19 +802,20 @@ class BwrapDriver:
                 self._rlimits(),
                 self.uid,
                 self.gid,
-                stdin=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=tuple(passed),
+                pass_fds=(*ours, inside_end.fileno()),
             )
         except BaseException:
-            for fd in (status_read, command_write):
-                os.close(fd)
+            os.close(status_read)
+            channel.close()
             raise
         finally:
-            for fd in passed:
+            inside_end.close()
+            for fd in ours:
                 os.close(fd)
-        return Prestarted(proc, status_read, command_write)
+        return Prestarted(proc, channel, status_read)
 
     def _take_prestarted(self) -> Prestarted | None:
         """The spare's waiting bwrap for this first run, unless it died meanwhile (killed)."""
@@ -1396,7 +1408,7 @@ class BwrapDriver:
         message = b""
         if prestarted is not None:
             try:
-                message = Prestarted.message(cwd, self.environment(env), argv, bool(data))
+                message = Prestarted.message(cwd, self.environment(env), argv)
             except ValueError:  # the launch on the spot raises it for the caller, as before
                 self._discard(prestarted)
                 prestarted = None
@@ -1404,9 +1416,15 @@ class BwrapDriver:
             # Its bwrap is up, in this run's groups, with its limits: only the command is left.
             status_read, proc = prestarted.status_read, prestarted.proc
             started = time.monotonic()
-            prestarted.send(message)
-            if not data and proc.stdin is not None:
-                proc.stdin.close()  # the command's stdin is /dev/null, as below
+            if data:
+                stdin_read, stdin_write = os.pipe()
+                try:
+                    prestarted.send(message, stdin_read)
+                finally:
+                    os.close(stdin_read)
+                proc.stdin = open(stdin_write, "wb", buffering=0)  # noqa: SIM115 - pump closes it
+            else:
+                prestarted.send(message, None)
         else:
             status_read, status_write = os.pipe()
             passed = [status_write]

@@ -115,6 +115,29 @@ def test_a_sandbox_started_ahead_reports_exactly_what_a_bwrap_started_for_the_ru
     assert _first_runs(True, monkeypatch) == _first_runs(False, monkeypatch)
 
 
+@pytest.mark.parametrize("stdin", [None, "fed\n"])
+def test_a_process_forked_by_the_host_does_not_hold_up_a_sandbox_started_ahead(stdin):
+    """A forked child holds copies of every descriptor the host had when it forked (a
+    DataLoader worker, a prefork pool): the first command must still get its whole message and
+    its stdin's end, not wait for an EOF that the copies hold back."""
+    if launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    sandbox = open_started_ahead(SandboxSpec(timeout_s=20))
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        with sandbox:
+            result = sandbox.run(["cat"], stdin=stdin, timeout=10)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert not result.timed_out and result.exit_code == 0, result
+    assert result.stdout == (stdin or "")
+    assert_nothing_left(sandbox.name)
+
+
 def test_a_sandbox_started_ahead_and_killed_before_its_first_run_still_runs_it():
     if launch_binary(sandboxes_root()) is None:
         pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
