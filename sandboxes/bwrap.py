@@ -725,7 +725,6 @@ class BwrapDriver:
             self.spec.open_files,
             None if self.image_path is None else str(self.image_path),
             self.writable_image,
-            prestart_enabled(),
             launch_binary(self.root),  # the init that waits, and the launch of it
         )
 
@@ -1416,15 +1415,24 @@ class BwrapDriver:
             # Its bwrap is up, in this run's groups, with its limits: only the command is left.
             status_read, proc = prestarted.status_read, prestarted.proc
             started = time.monotonic()
-            if data:
-                stdin_read, stdin_write = os.pipe()
-                try:
-                    prestarted.send(message, stdin_read)
-                finally:
-                    os.close(stdin_read)
+            stdin_read = stdin_write = None
+            try:
+                if data:
+                    stdin_read, stdin_write = os.pipe()
+                prestarted.send(message, stdin_read)
+            except BaseException as exc:
+                for fd in (stdin_read, stdin_write):
+                    if fd is not None:
+                        os.close(fd)
+                self._discard(prestarted)
+                if self.cgroup is not None and mark is not None:
+                    self.cgroup.end_run(mark)
+                if not isinstance(exc, OSError):
+                    raise
+                raise SandboxError(f"cannot start the command: {exc}") from exc
+            if stdin_read is not None and stdin_write is not None:
+                os.close(stdin_read)  # the command's now
                 proc.stdin = open(stdin_write, "wb", buffering=0)  # noqa: SIM115 - pump closes it
-            else:
-                prestarted.send(message, None)
         else:
             status_read, status_write = os.pipe()
             passed = [status_write]
