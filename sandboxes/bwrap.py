@@ -11,10 +11,14 @@ in a cgroup of the run's own; when the command's first process exits, or at the 
 everything left in that cgroup is killed, so no process outlives its run either way. Files
 in /work, /tmp and /dev/shm persist across the runs of an episode on both paths.
 ``SANDBOXES_SUPERVISE`` = ``after-first`` (default), ``always`` or ``never`` picks the path.
+
+A sandbox opened from a spare (``sandboxes.spares``) usually finds that first bwrap already
+started, in its first run's cgroup, waiting for the command (``Prestarted``).
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import functools
 import hashlib
@@ -27,6 +31,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import threading
 import time
@@ -231,8 +236,32 @@ def _etc_bind_source(root: Path, uid: int, gid: int) -> Path | None:
     return tree
 
 
+_base_cache: dict[tuple[Path, int, int], tuple[float, Path | None, list[str]]] = {}
+
+
 def base_system_args(root: Path, uid: int, gid: int) -> list[str]:
-    """Read-only /usr, the usual top-level links into it, and a minimal /etc."""
+    """Read-only /usr, the usual top-level links into it, and a minimal /etc.
+
+    Rechecked against the host every ``_ETC_RECHECK_S`` like the /etc tree: the lstat of each
+    top-level name (a negative lookup on the container's overlay root for the ones that do
+    not exist) was ~0.1 ms of every sandbox's start.
+    """
+    key = (root, uid, gid)
+    cached = _base_cache.get(key)
+    now = time.monotonic()
+    if (
+        cached is not None
+        and now - cached[0] < _ETC_RECHECK_S
+        and (cached[1] is None or cached[1].is_dir())
+    ):
+        return list(cached[2])
+    args = _base_system_args(root, uid, gid)
+    tree = _etc_cache.get(key)
+    _base_cache[key] = (now, tree[1] if tree is not None else None, args)
+    return list(args)
+
+
+def _base_system_args(root: Path, uid: int, gid: int) -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for name in BASE_DIRS:
         host = Path("/") / name
@@ -282,11 +311,67 @@ def _trusted_binary(path: Path) -> bool:
     )
 
 
+#: A launcher built from another version of ``launch.c`` that no process has started using
+#: for this long is removed (see ``remove_stale_launchers``).
+STALE_LAUNCHER_S = 3600.0
+LAUNCHER_PREFIX = "sandbox-launch-"
+_STAGING_PREFIX = ".sandbox-launch-"
+
+
 def launch_binary(root: Path) -> str | None:
     """``sandbox-launch`` for this root (see ``_launch_binary``), or None for the shell launch."""
     if os.environ.get("SANDBOXES_LAUNCHER") == "shell":
         return None
-    return _launch_binary(root)
+    binary = _launch_binary(root)
+    if binary is not None and not os.path.exists(binary):
+        # Removed under us (by another version's clean-up, or by hand): build it again.
+        _launch_binary.cache_clear()
+        binary = _launch_binary(root)
+    return binary
+
+
+def _launcher_name(source: bytes) -> str:
+    return f"{LAUNCHER_PREFIX}{hashlib.sha256(source).hexdigest()[:16]}"
+
+
+def remove_stale_launchers(root: Path, keep: str | None = None) -> list[str]:
+    """Removes what old launchers left in ``root``; returns the names removed.
+
+    The binary's name is the hash of ``launch.c``, so one source gives one file that every
+    process and session reuses; each change of the source adds one. A process touches its
+    binary's mtime when it starts using it, so a binary of another version whose mtime is
+    older than ``STALE_LAUNCHER_S`` has no user that started within that time; it goes, as do
+    build staging files of dead builders. A process that still uses a removed binary builds it
+    again (``launch_binary``), and a running launch or init keeps its open file.
+    """
+    from sandboxes.janitor import pid_alive
+
+    if keep is None:
+        with contextlib.suppress(OSError):
+            keep = _launcher_name(LAUNCH_SOURCE.read_bytes())
+    removed: list[str] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if name.startswith(_STAGING_PREFIX):
+            owner = name[len(_STAGING_PREFIX) :].split("-")[0]
+            stale = owner.isdigit() and not pid_alive(int(owner))
+        elif name.startswith(LAUNCHER_PREFIX) and name != keep:
+            try:
+                stale = now - entry.stat(follow_symlinks=False).st_mtime > STALE_LAUNCHER_S
+            except OSError:
+                continue
+        else:
+            continue
+        if stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(name)
+    return removed
 
 
 @lru_cache(maxsize=4)
@@ -294,16 +379,23 @@ def _launch_binary(root: Path) -> str | None:
     """``sandbox-launch`` (``launch.c``), compiled once per machine into the sandboxes root.
 
     The root is private to us (``ensure_root``: ours, mode 0711), so nobody else can swap the
-    binary we exec as root. Keyed by the source's hash: a changed launcher builds anew. None
-    without a C compiler (or with ``SANDBOXES_LAUNCHER=shell``): the shell launch is used.
+    binary we exec as root. Keyed by the source's hash: a changed launcher builds anew, and
+    old versions nobody started using for an hour are removed (``remove_stale_launchers``).
+    None without a C compiler (or with ``SANDBOXES_LAUNCHER=shell``): the shell launch is used.
     """
     try:
         source = LAUNCH_SOURCE.read_bytes()
     except OSError:
         return None
-    target = root / f"sandbox-launch-{hashlib.sha256(source).hexdigest()[:16]}"
+    target = root / _launcher_name(source)
     if _trusted_binary(target):
-        return str(target) if _runs(target) else None
+        if not _runs(target):
+            return None
+        # Marks it as in use (see remove_stale_launchers); once per process, not per launch.
+        with contextlib.suppress(OSError):
+            os.utime(target)
+        return str(target)
+    remove_stale_launchers(root, keep=target.name)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
@@ -444,6 +536,80 @@ def spawn_bwrap(
     )
 
 
+def prestart_enabled() -> bool:
+    """``SANDBOXES_PRESTART=0`` turns off starting a spare's bwrap ahead (``Prestarted``)."""
+    return os.environ.get("SANDBOXES_PRESTART", "1") != "0"
+
+
+class Prestarted:
+    """A spare sandbox's bwrap, started ahead of its first command (see ``sandboxes.spares``).
+
+    The same launch as a first run's (launcher, cgroup join of the run's own group, limits,
+    ids, bwrap with every flag, seccomp), except that pid 1 (``launch.c --init-wait``) waits
+    on a unix socket for the command instead of getting it on its command line: the working
+    directory, the environment, the argv and, when the run has stdin data, the read end of a
+    pipe made for the run (else /dev/null, as ``subprocess.DEVNULL``). Nothing runs in the
+    sandbox until then but bwrap and that init. Namespaces, mounts, the seccomp load and three
+    execs (~2.5 ms of wall time here, most of a first run's overhead) then happen on the
+    reaper's thread between sandboxes, not on the caller's path; the CPU is the same.
+
+    The message has a length and the stdin pipe is made at the run, so a process the host
+    forks meanwhile (holding copies of what the host holds) cannot leave the command waiting
+    for an EOF.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], channel: socket.socket, status_read: int):
+        self.proc = proc
+        self.channel: socket.socket | None = channel
+        self.status_read = status_read
+
+    @staticmethod
+    def message(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> bytes:
+        fields = [cwd, str(len(env))]
+        fields += [f"{name}={value}" for name, value in env.items()]
+        fields += list(argv)
+        encoded = [os.fsencode(field) for field in fields]
+        if any(b"\0" in field for field in encoded):
+            raise ValueError("embedded null byte")
+        return b"".join(field + b"\0" for field in encoded)
+
+    def send(self, message: bytes, stdin_fd: int | None) -> None:
+        """Hands the command to the waiting init (a bwrap that failed or died takes nothing:
+        its status then tells, as for a bwrap started on the spot)."""
+        channel, self.channel = self.channel, None
+        assert channel is not None
+        rights = (
+            []
+            if stdin_fd is None
+            else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(array.array("i", [stdin_fd])))]
+        )
+        try:
+            channel.sendmsg([struct.pack("Q", len(message))], rights)
+            channel.sendall(message)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            channel.close()
+
+    def end(self) -> None:
+        """Gives the sandbox up: its init gets no command and exits."""
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+
+    def reap(self) -> None:
+        """After its cgroup was killed or emptied: waits for bwrap, closes what we hold."""
+        self.end()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        with contextlib.suppress(OSError):
+            os.close(self.status_read)
+
+
 class BwrapDriver:
     def __init__(
         self,
@@ -484,6 +650,13 @@ class BwrapDriver:
         self._supervisor: Supervisor | None = None
         self._supervisor_mark: RunMark | None = None
         self._run_mark: RunMark | None = None  # the supervised run in progress
+        #: The first run's memory group, made ahead with a spare (see ``_begin_run``), and
+        #: the spare's bwrap waiting in it for the first command.
+        self._premade_run: RunMark | None = None
+        self._prestarted: Prestarted | None = None
+        #: Makes spares of this sandbox's shape, at close: made while it runs, a spare's bwrap
+        #: would take CPU from its run (two cores here), so the one it took is replaced after.
+        self._make_spares: Callable[[], None] | None = None
         #: Set by a recycling pool (``make_recyclable``): why this sandbox may not be handed
         #: to another user (None while it may), and its cgroup's limit counters when fresh.
         self.recyclable = False
@@ -509,9 +682,17 @@ class BwrapDriver:
             if spare is not None:  # made ahead for this shape, never used (sandboxes.spares)
                 self.name, self.cgroup, self.workspace = spare.name, spare.cgroup, spare.workspace
                 disk_missing = spare.disk_missing
+                self._premade_run = spare.first_run
+                self._prestarted = spare.prestarted  # type: ignore[assignment]
             else:
                 self.cgroup, disk_missing = self._make_storage(cgroups, self.name, self.workspace)
-            spares.prepare(shape, functools.partial(self._make_spare, cgroups))
+            self._make_spares = functools.partial(
+                spares.prepare,
+                shape,
+                functools.partial(self._make_spare, cgroups, self._will_prestart()),
+            )
+            if spare is None:
+                self._make_spares()  # this shape's first: have some ready for the next
             if disk_missing is not None:
                 if not self.spec.allows_weaker("disk_limit"):
                     raise WeakerIsolationError({"disk_limit": disk_missing})
@@ -538,6 +719,26 @@ class BwrapDriver:
             self.spec.disk_mb,
             self.spec.pids,
             self.spec.cpu,
+            self._will_prestart(),
+            # What a started-ahead bwrap fixes too (see Prestarted).
+            self.spec.network,
+            self.spec.open_files,
+            None if self.image_path is None else str(self.image_path),
+            self.writable_image,
+            launch_binary(self.root),  # the init that waits, and the launch of it
+        )
+
+    def _first_run_is_bwrap(self) -> bool:
+        return self.supervise != "always" and self.supervisor_mode == "exec"
+
+    def _will_prestart(self) -> bool:
+        """Whether this sandbox's spares get their bwrap started ahead (see ``Prestarted``):
+        the first run goes through bwrap, with the built init (the one that can wait)."""
+        return (
+            self._first_run_is_bwrap()
+            and prestart_enabled()
+            and self.image_path is None
+            and launch_binary(self.root) is not None
         )
 
     def _make_storage(
@@ -561,13 +762,92 @@ class BwrapDriver:
             workspace.remove()
             raise
 
-    def _make_spare(self, cgroups: CgroupManager) -> spares.Spare:
+    def _make_spare(self, cgroups: CgroupManager, prestart: bool) -> spares.Spare:
         from sandboxes.sandbox import new_sandbox_name
 
         name = new_sandbox_name()
         workspace = Workspace(self.root, name, self.spec.disk_mb, self.uid, self.gid)
         group, disk_missing = self._make_storage(cgroups, name, workspace)
-        return spares.Spare(name, group, workspace, disk_missing)
+        first_run = prestarted = None
+        if group is not None and prestart:
+            try:
+                first_run = group.begin_run("run-1", self.spec.memory_mb)
+                prestarted = self._prestart(workspace, first_run)
+            except BaseException:
+                group.remove()
+                workspace.remove()
+                raise
+        return spares.Spare(name, group, workspace, disk_missing, first_run, prestarted)
+
+    def _prestart(self, workspace: Workspace, mark: RunMark) -> Prestarted:
+        """Starts a spare's bwrap ahead, waiting for its first command (see ``Prestarted``)."""
+        args = self._build_args(workspace)
+        status_read, status_write = os.pipe()
+        channel, inside_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours = [status_write]  # closed here once bwrap has them
+        args += ["--chdir", "/", "--json-status-fd", str(status_write)]
+        if seccomp.supported() is None:
+            filter_fd = seccomp.filter_fd(
+                seccomp.build_filter(block_ip_sockets=self.spec.network == "none")
+            )
+            ours.append(filter_fd)
+            args += ["--seccomp", str(filter_fd)]
+        args += ["--", INIT_PATH, "--init-wait", str(inside_end.fileno())]
+        try:
+            proc = spawn_bwrap(
+                args,
+                {},
+                mark.procs_paths,
+                self._rlimits(),
+                self.uid,
+                self.gid,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(*ours, inside_end.fileno()),
+            )
+        except BaseException:
+            os.close(status_read)
+            channel.close()
+            raise
+        finally:
+            inside_end.close()
+            for fd in ours:
+                os.close(fd)
+        return Prestarted(proc, channel, status_read)
+
+    def _take_prestarted(self) -> Prestarted | None:
+        """The spare's waiting bwrap for this first run, unless it died meanwhile (killed)."""
+        prestarted, self._prestarted = self._prestarted, None
+        if prestarted is not None and prestarted.proc.poll() is not None:
+            self._discard(prestarted)
+            return None
+        return prestarted
+
+    def _discard(self, prestarted: Prestarted | None) -> None:
+        if prestarted is None:
+            return
+        prestarted.end()
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+        prestarted.reap()
+
+    def _begin_run(self, name: str, memory_mb: int) -> RunMark:
+        """``cgroup.begin_run``, or the run group a spare made ahead when it is this one."""
+        assert self.cgroup is not None
+        premade, self._premade_run = self._premade_run, None
+        if premade is not None:
+            if (
+                premade.child is not None
+                and premade.child.name == name
+                and (memory_mb == self.spec.memory_mb)
+            ):
+                return premade
+            # Not what this run needs (nothing ran in it): its waiting bwrap goes, then it.
+            prestarted, self._prestarted = self._prestarted, None
+            self._discard(prestarted)
+            self.cgroup.end_run(premade)
+        return self.cgroup.begin_run(name, memory_mb)
 
     def close(self) -> None:
         """Kills everything, waits for a run in another thread to return, removes all state.
@@ -576,6 +856,14 @@ class BwrapDriver:
         and the rest (waiting for them to be gone, removing the cgroup and the workspace) is
         left to ``sandboxes.reaper``, off the caller's path; elsewhere it is done here.
         """
+        make_spares, self._make_spares = self._make_spares, None
+        try:
+            self._close()
+        finally:
+            if make_spares is not None:
+                make_spares()  # after the removal handed to the reaper: it comes first
+
+    def _close(self) -> None:
         errors = []
         cgroup = self.cgroup
         try:
@@ -595,6 +883,11 @@ class BwrapDriver:
                 except (SandboxError, OSError) as exc:
                     errors.append(f"cannot kill the sandbox's processes: {exc}")
             self._stop_supervisor()
+            prestarted, self._prestarted = self._prestarted, None
+            try:
+                self._discard(prestarted)
+            except SandboxError as exc:
+                errors.append(str(exc))
             self._remove(errors)
         if errors:
             raise SandboxError("; ".join(errors))
@@ -604,6 +897,7 @@ class BwrapDriver:
         from sandboxes import reaper
 
         supervisor, self._supervisor = self._supervisor, None
+        prestarted, self._prestarted = self._prestarted, None
         self._supervisor_mark = None
         self.cgroup = None
         workspace = self.workspace
@@ -613,6 +907,8 @@ class BwrapDriver:
         def remove() -> None:
             if supervisor is not None:
                 supervisor.stop()  # reaps bwrap (killed with the rest)
+            if prestarted is not None:
+                prestarted.reap()  # killed with the rest before it ran anything
             errors: list[str] = []
             try:
                 cgroup.remove()  # waits until the killed processes are gone (re-kills if not)
@@ -672,7 +968,8 @@ class BwrapDriver:
         self.workspace.extract(archive)
 
     # -- running ------------------------------------------------------------------------------
-    def _build_args(self) -> list[str]:
+    def _build_args(self, workspace: Workspace | None = None) -> list[str]:
+        workspace = workspace or self.workspace
         uid = self.uid if self.uid is not None else os.getuid()
         gid = self.gid if self.gid is not None else os.getgid()
         features = bwrap_features()
@@ -695,9 +992,9 @@ class BwrapDriver:
         args += base_system_args(self.root, uid, gid)
         args += ["--proc", "/proc", "--dev", "/dev"]
         # The sandbox's /dev/shm is on its own tmpfs (bounded by disk_mb), not the host's.
-        args += ["--bind", str(self.workspace.shm), "/dev/shm"]  # noqa: S108
-        args += ["--bind", str(self.workspace.work), WORK_DIR]
-        args += ["--bind", str(self.workspace.tmp), TMP_DIR]
+        args += ["--bind", str(workspace.shm), "/dev/shm"]  # noqa: S108
+        args += ["--bind", str(workspace.work), WORK_DIR]
+        args += ["--bind", str(workspace.tmp), TMP_DIR]
         if self.image_path is not None:
             mode = "--bind" if self.writable_image else "--ro-bind"
             args += [mode, str(self.image_path), IMAGE_DIR]
@@ -887,7 +1184,7 @@ class BwrapDriver:
     def _start_supervisor(self) -> Supervisor:
         assert self.cgroup is not None
         self._runs += 1
-        mark = self.cgroup.begin_run(f"supervisor-{self._runs}", self.supervisor_memory_mb)
+        mark = self._begin_run(f"supervisor-{self._runs}", self.supervisor_memory_mb)
         host_end, inside_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         passed = [inside_end.fileno()]
         # Not --die-with-parent: that follows the host *thread* that started bwrap, and an
@@ -1041,7 +1338,7 @@ class BwrapDriver:
             own_mark = self._supervisor_mark
             assert own_mark is not None
             self._runs += 1
-            mark = self.cgroup.begin_run(f"run-{self._runs}", self.spec.memory_mb)
+            mark = self._begin_run(f"run-{self._runs}", self.spec.memory_mb)
             started = time.monotonic()
             self._run_mark = mark
             try:
@@ -1102,43 +1399,73 @@ class BwrapDriver:
         self._runs += 1
         mark = None
         if self.cgroup is not None:
-            mark = self.cgroup.begin_run(f"run-{self._runs}", self.spec.memory_mb)
-        status_read, status_write = os.pipe()
-        passed = [status_write]
-        args = [*self._args, "--chdir", cwd, "--json-status-fd", str(status_write)]
-        if self._seccomp is not None:
-            filter_fd = seccomp.filter_fd(self._seccomp)
-            passed.append(filter_fd)
-            args += ["--seccomp", str(filter_fd)]
-        args += ["--", *self._init, *argv]
-        rlimits = self._rlimits()
-        procs_paths = mark.procs_paths if mark is not None else []
+            mark = self._begin_run(f"run-{self._runs}", self.spec.memory_mb)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         limit = self.spec.output_limit_bytes
         out, err = StreamCapture(limit, on_stdout), StreamCapture(limit, on_stderr)
-        started = time.monotonic()
-        try:
-            proc = spawn_bwrap(
-                args,
-                self.environment(env),
-                procs_paths,
-                rlimits,
-                self.uid,
-                self.gid,
-                stdin=subprocess.PIPE if data else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=tuple(passed),
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            os.close(status_read)
+        prestarted = self._take_prestarted()
+        message = b""
+        if prestarted is not None:
+            try:
+                message = Prestarted.message(cwd, self.environment(env), argv)
+            except ValueError:  # the launch on the spot raises it for the caller, as before
+                self._discard(prestarted)
+                prestarted = None
+        if prestarted is not None:
+            # Its bwrap is up, in this run's groups, with its limits: only the command is left.
+            status_read, proc = prestarted.status_read, prestarted.proc
+            started = time.monotonic()
+            stdin_read = stdin_write = None
+            try:
+                if data:
+                    stdin_read, stdin_write = os.pipe()
+                prestarted.send(message, stdin_read)
+            except BaseException as exc:
+                for fd in (stdin_read, stdin_write):
+                    if fd is not None:
+                        os.close(fd)
+                self._discard(prestarted)
+                if self.cgroup is not None and mark is not None:
+                    self.cgroup.end_run(mark)
+                if not isinstance(exc, OSError):
+                    raise
+                raise SandboxError(f"cannot start the command: {exc}") from exc
+            if stdin_read is not None and stdin_write is not None:
+                os.close(stdin_read)  # the command's now
+                proc.stdin = open(stdin_write, "wb", buffering=0)  # noqa: SIM115 - pump closes it
+        else:
+            status_read, status_write = os.pipe()
+            passed = [status_write]
+            args = [*self._args, "--chdir", cwd, "--json-status-fd", str(status_write)]
+            if self._seccomp is not None:
+                filter_fd = seccomp.filter_fd(self._seccomp)
+                passed.append(filter_fd)
+                args += ["--seccomp", str(filter_fd)]
+            args += ["--", *self._init, *argv]
+            procs_paths = mark.procs_paths if mark is not None else []
+            started = time.monotonic()
+            try:
+                proc = spawn_bwrap(
+                    args,
+                    self.environment(env),
+                    procs_paths,
+                    self._rlimits(),
+                    self.uid,
+                    self.gid,
+                    stdin=subprocess.PIPE if data else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=tuple(passed),
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                os.close(status_read)
+                for fd in passed:
+                    os.close(fd)
+                if self.cgroup is not None and mark is not None:
+                    self.cgroup.end_run(mark)  # releases what begin_run holds
+                raise SandboxError(f"cannot start bwrap: {exc}") from exc
             for fd in passed:
                 os.close(fd)
-            if self.cgroup is not None and mark is not None:
-                self.cgroup.end_run(mark)  # releases what begin_run holds
-            raise SandboxError(f"cannot start bwrap: {exc}") from exc
-        for fd in passed:
-            os.close(fd)
         self._running = proc
         timed_out = False
         try:

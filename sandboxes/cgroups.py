@@ -72,13 +72,24 @@ def _parent_name() -> str:
 
 
 def _read(path: Path) -> str:
-    with open(path) as f:
-        return f.read()
+    # Plain descriptors: Python's buffered text files cost ~4 us more per control file, and a
+    # sandbox's life reads or writes some twenty of them.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _unescape_mount_path(path: str) -> str:

@@ -1,4 +1,5 @@
-"""Reaps what a crashed owner left behind: cgroups and workspaces named ``sb-<dead pid>-...``.
+"""Reaps what a crashed owner left behind: cgroups and workspaces named ``sb-<dead pid>-...``,
+and launchers built from an old ``launch.c`` that nobody started using for an hour.
 
 A process that dies without closing its sandboxes (SIGKILL, power loss of the Python side)
 cannot clean up; the next process to open a sandbox does it instead, once.
@@ -23,7 +24,10 @@ def owner_alive(name: str) -> bool:
     parts = name.split("-")
     if len(parts) < 3 or parts[0] not in ("sb", "build") or not parts[1].isdigit():
         return True  # not ours: never touch it
-    pid = int(parts[1])
+    return pid_alive(int(parts[1]))
+
+
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -37,6 +41,8 @@ def owner_alive(name: str) -> bool:
 
 def reap_stale() -> list[str]:
     """Removes the leftovers of dead owners; returns the names it removed."""
+    from sandboxes.bwrap import remove_stale_launchers
+
     reaped: list[str] = []
     for name, group in manager().existing_groups().items():
         if not owner_alive(name):
@@ -48,6 +54,7 @@ def reap_stale() -> list[str]:
     for root in roots_to_reap():
         if not root.is_dir():
             continue
+        reaped += remove_stale_launchers(root)
         for entry in root.iterdir():
             if entry.name.startswith("sb-") and not owner_alive(entry.name):
                 try:

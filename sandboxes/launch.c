@@ -2,6 +2,7 @@
  *
  *   sandbox-launch [--join FILE]... [--rlimit RESOURCE VALUE]... [--ids UID GID] -- PROGRAM ARG...
  *   sandbox-launch --init -- COMMAND ARG...          (inside the sandbox, as its pid 1)
+ *   sandbox-launch --init-wait FD                    (the same, with the command read from FD)
  *
  * In this order: writes "0" (itself) into each cgroup join FILE, sets each limit (soft = hard),
  * drops to UID/GID with no supplementary groups, checks the drop cannot be undone, and execs
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static void fail(const char *what, const char *arg) {
@@ -47,7 +49,7 @@ static unsigned long long number(const char *text) {
  * SIGPIPE) and its status (128 + signal); a command that cannot start gets the shell's message
  * and status (127 not found, 126 otherwise). When this exits, the kernel kills the rest of the
  * pid namespace. One static exec instead of the shell's dynamically linked one. */
-static int init(char **command) {
+static int init(char **command, char **env, const char *cwd, int stdin_fd) {
     signal(SIGINT, SIG_IGN);
     signal(SIGQUIT, SIG_IGN);
     pid_t child = fork();
@@ -55,7 +57,20 @@ static int init(char **command) {
         perror("sandbox-init: fork");
         return 2;
     }
+    if (child > 0 && stdin_fd >= 0)
+        close(stdin_fd); /* the command's alone */
     if (child == 0) {
+        if (env)
+            environ = env; /* before execvp: its PATH search reads this environment */
+        if (cwd && chdir(cwd) != 0) {
+            fprintf(stderr, "sandbox-init: cannot change directory to %s: %s\n", cwd,
+                    strerror(errno));
+            _exit(125);
+        }
+        if (stdin_fd >= 0 && dup2(stdin_fd, 0) != 0) {
+            perror("sandbox-init: stdin");
+            _exit(125);
+        }
         /* execvp: PATH search, EACCES remembered while later directories are tried, and a
          * file without #! run by /bin/sh, as the shell does. */
         execvp(command[0], command);
@@ -87,9 +102,95 @@ static int init(char **command) {
     }
 }
 
+/* A sandbox started ahead of its first command (sandboxes/bwrap.py, ``Prestarted``): pid 1
+ * waits on the unix stream socket FD for the command, then runs it as init() does. The
+ * message: an 8-byte length (native order), carrying the command's stdin as an SCM_RIGHTS
+ * descriptor when it has one (else the command keeps this process's stdin, /dev/null), then
+ * that many bytes of NUL-terminated fields: the working directory, the number of environment
+ * entries, the entries, the argv. A length, not EOF, ends the message: a copy of the host's
+ * end in a process the host forked must not keep the command waiting. EOF before a message
+ * (the host gave the sandbox up) ends this process. Nothing but it runs in the sandbox until
+ * then; FD is closed before the command starts. */
+static int read_fully(int fd, char *buffer, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+        ssize_t got = read(fd, buffer + done, size - done);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return -1;
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+static int malformed(void) {
+    fprintf(stderr, "sandbox-init: malformed command\n");
+    return 125;
+}
+
+static int init_wait(const char *fd_text) {
+    int sock = (int)number(fd_text);
+    unsigned long long length = 0;
+    char control[CMSG_SPACE(sizeof(int))];
+    struct iovec header = {&length, sizeof(length)};
+    struct msghdr hello = {0};
+    hello.msg_iov = &header;
+    hello.msg_iovlen = 1;
+    hello.msg_control = control;
+    hello.msg_controllen = sizeof(control);
+    ssize_t got;
+    do
+        got = recvmsg(sock, &hello, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    if (got == 0)
+        return 0; /* given up: no command */
+    if (got < 0) {
+        perror("sandbox-init: recvmsg");
+        return 125;
+    }
+    int stdin_fd = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&hello); c; c = CMSG_NXTHDR(&hello, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&stdin_fd, CMSG_DATA(c), sizeof(int));
+    if ((size_t)got < sizeof(length) &&
+        read_fully(sock, (char *)&length + got, sizeof(length) - (size_t)got) != 0)
+        return malformed();
+    if (length == 0 || length > (1ULL << 30))
+        return malformed();
+    char *message = malloc(length);
+    if (!message || read_fully(sock, message, length) != 0 || message[length - 1] != '\0')
+        return malformed();
+    close(sock);
+    size_t fields = 0;
+    for (size_t k = 0; k < length; k++)
+        fields += message[k] == '\0';
+    char **field = calloc(fields + 1, sizeof(char *));
+    if (!field || fields < 3)
+        return malformed();
+    for (size_t k = 0, start = 0; k < fields; k++) {
+        field[k] = message + start;
+        start += strlen(field[k]) + 1;
+    }
+    unsigned long long count = number(field[1]);
+    if (count + 3 > fields)
+        return malformed();
+    char **env = calloc(count + 1, sizeof(char *));
+    if (!env) {
+        perror("sandbox-init: environment");
+        return 125;
+    }
+    for (size_t k = 0; k < count; k++)
+        env[k] = field[2 + k];
+    return init(field + 2 + count, env, field[0], stdin_fd);
+}
+
 int main(int argc, char **argv) {
     if (argc > 3 && strcmp(argv[1], "--init") == 0 && strcmp(argv[2], "--") == 0)
-        return init(argv + 3);
+        return init(argv + 3, NULL, NULL, -1);
+    if (argc == 3 && strcmp(argv[1], "--init-wait") == 0)
+        return init_wait(argv[2]);
     int i = 1;
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {

@@ -1,14 +1,18 @@
-"""A sandbox's cgroup and workspace made ahead of time, off the caller's path.
+"""Sandboxes made ahead of time, off the caller's path.
 
 Opening a bwrap sandbox makes a cgroup in every hierarchy with its limits and mounts a fresh
-size-limited tmpfs (~0.4 ms of host CPU here, most of ``open()``). When a sandbox opens, the
-reaper's thread (``sandboxes.reaper``) makes one more of the same shape (limits, disk size,
-ids, root and cgroup manager), and the next sandbox of that shape takes it instead of making
-its own. A spare is exactly what ``open()`` would have made: a new name (``sb-<pid>-…``), an
-empty cgroup and an empty tmpfs nobody has ever used; nothing runs in it until it is taken,
-and it is taken once. At most ``MAX_SHAPES`` spares wait, one per shape; they are removed at
-interpreter exit (or by the janitor, if the owner dies), and a forked child never inherits
-its parent's.
+size-limited tmpfs (~0.4 ms of host CPU here, most of ``open()``), and its first run starts
+bwrap (~2.5 ms of wall time: launcher, namespaces, mounts, seccomp). When a sandbox opens, the
+reaper's thread (``sandboxes.reaper``) makes more of the same shape (limits, disk size, ids,
+root, cgroup manager, network, first-run path): storage, the first run's memory group and,
+where the first run goes through bwrap, that bwrap itself, started and waiting for the command
+(``sandboxes.bwrap.Prestarted``). The next sandbox of that shape takes one instead of making
+its own. A spare is exactly what ``open()`` and a first run would have made: a new name
+(``sb-<pid>-…``), an empty cgroup, an empty tmpfs and fresh namespaces nobody has ever used;
+nothing of anyone's runs in it until it is taken, and it is taken once. At most ``PER_SHAPE``
+spares wait for each of ``MAX_SHAPES`` shapes; they are removed at interpreter exit (or by the
+janitor, if the owner dies; a started bwrap dies with the process), and a forked child never
+inherits its parent's.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
-from sandboxes.cgroups import CgroupGroup
+from sandboxes.cgroups import CgroupGroup, RunMark
 from sandboxes.workspace import Workspace
 
 MAX_SHAPES = 4
@@ -34,32 +39,56 @@ class Spare:
     workspace: Workspace
     #: Why the workspace has no size limit (its tmpfs could not be mounted), or None.
     disk_missing: str | None
+    #: The first run's own memory group, made ahead with the bwrap started in it (below;
+    #: ``BwrapDriver._begin_run``); its counters are read before anything ever ran in it.
+    first_run: RunMark | None = None
+    #: Its bwrap, started ahead and waiting in ``first_run`` for the first command
+    #: (``sandboxes.bwrap.Prestarted``), or None.
+    prestarted: Any = None
 
     def remove(self) -> None:
+        if self.prestarted is not None:
+            self.prestarted.end()  # its init exits without running anything
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
+            # Reaped before the group's removal: an unreaped bwrap keeps it busy.
+            self.prestarted.reap()
         if self.cgroup is not None:
             self.cgroup.remove()
         self.workspace.remove()
 
 
+#: Spares kept per shape: two sandboxes opened at once (a pool's slots on this 2-core
+#: machine) both find one; each is 2 idle processes (a started bwrap and its init) and a tmpfs.
+PER_SHAPE = 2
+
 _lock = threading.Lock()
-_spares: OrderedDict[Hashable, Spare] = OrderedDict()
-_pending: set[Hashable] = set()
+_spares: OrderedDict[Hashable, list[Spare]] = OrderedDict()
+_pending: dict[Hashable, int] = {}
 
 
 def take(shape: Hashable) -> Spare | None:
-    """The spare of this shape, removed from the set (None if there is none yet)."""
+    """A spare of this shape, removed from the set (None if there is none yet)."""
     with _lock:
-        return _spares.pop(shape, None)
+        ready = _spares.get(shape)
+        if not ready:
+            return None
+        spare = ready.pop(0)
+        if not ready:
+            del _spares[shape]
+        return spare
 
 
 def prepare(shape: Hashable, make: Callable[[], Spare]) -> None:
-    """Has the reaper's thread make a spare of this shape unless one exists or is on its way."""
+    """Has the reaper's thread make spares of this shape until ``PER_SHAPE`` are ready or on
+    their way."""
     from sandboxes import reaper
 
     with _lock:
-        if shape in _spares or shape in _pending:
+        missing = PER_SHAPE - len(_spares.get(shape, ())) - _pending.get(shape, 0)
+        if missing <= 0:
             return
-        _pending.add(shape)
+        _pending[shape] = _pending.get(shape, 0) + missing
     pid = os.getpid()
 
     def build() -> None:
@@ -67,20 +96,23 @@ def prepare(shape: Hashable, make: Callable[[], Spare]) -> None:
             spare = make()
         finally:
             with _lock:
-                _pending.discard(shape)
+                _pending[shape] -= 1
+                if not _pending[shape]:
+                    del _pending[shape]
         evicted = []
         with _lock:
             if os.getpid() != pid:  # made in a forked child: not this process's to keep
                 evicted.append(spare)
             else:
-                _spares[shape] = spare
+                _spares.setdefault(shape, []).append(spare)
                 _spares.move_to_end(shape)
                 while len(_spares) > MAX_SHAPES:
-                    evicted.append(_spares.popitem(last=False)[1])
+                    evicted += _spares.popitem(last=False)[1]
         for old in evicted:
             old.remove()
 
-    reaper.submit(build)
+    for _ in range(missing):
+        reaper.submit(build)
 
 
 def discard_all() -> None:
@@ -89,7 +121,7 @@ def discard_all() -> None:
 
     reaper.drain()  # spares still being made land first
     with _lock:
-        spares = list(_spares.values())
+        spares = [spare for ready in _spares.values() for spare in ready]
         _spares.clear()
     for spare in spares:
         with contextlib.suppress(Exception):

@@ -57,6 +57,18 @@ def leftovers(name: str, marker: str | None = None) -> list[str]:
     return found
 
 
+def open_started_ahead(spec):  # type: ignore[no-untyped-def]
+    """An open sandbox of ``spec`` that took a spare whose bwrap was started ahead and waits
+    for its first command (``sandboxes.bwrap.Prestarted``)."""
+    from sandboxes import Sandbox, reaper
+
+    Sandbox(spec).open().close()  # spares of this shape are made (at open if none, and close)
+    assert reaper.drain(timeout=30)
+    sandbox = Sandbox(spec).open()
+    assert sandbox._require()._prestarted is not None, "no spare started ahead was ready"
+    return sandbox
+
+
 def assert_nothing_left(name: str, marker: str | None = None) -> None:
     left = leftovers(name, marker)
     assert not left, f"sandbox {name} left behind: {left}"

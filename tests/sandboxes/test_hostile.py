@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sandboxes import ExecResult, PythonZygote, Sandbox, SandboxPathError, SandboxSpec
-from tests.sandboxes.conftest import assert_nothing_left
+from tests.sandboxes.conftest import assert_nothing_left, open_started_ahead
 
 
 @dataclass
@@ -349,6 +349,26 @@ HOSTILE: dict[str, Hostile] = {
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_program_ends_safely_and_leaves_nothing(name, canary):
     _run_hostile(HOSTILE[name], canary)
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_program_in_a_sandbox_started_ahead_ends_safely_and_leaves_nothing(name, canary):
+    """The same, as the first command of a spare whose bwrap was started before it was taken
+    (``test_hostile_program_ends_safely_and_leaves_nothing`` takes a spare when one is ready)."""
+    case = HOSTILE[name]
+    marker = f"hostile-{uuid.uuid4().hex}"
+    spec = SandboxSpec(**{"timeout_s": 5, "memory_mb": 128, "pids": 32, **case.spec})
+    sandbox = open_started_ahead(spec)
+    with sandbox:
+        result = sandbox.run(
+            ["python3", "-c", textwrap.dedent(case.code), marker],
+            stdin=case.stdin,
+            timeout=case.timeout,
+        )
+        case.check(result)
+    assert canary not in result.stdout and canary not in result.stderr
+    assert_nothing_left(sandbox.name, marker)
+    assert not any(p.exists() for p in HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE)
 
 
 def test_daemon_does_not_survive_into_the_next_run():

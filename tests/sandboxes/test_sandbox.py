@@ -505,6 +505,7 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
     monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
     v1, v2 = cgroup_mounts()
     sandbox = Sandbox(SandboxSpec(timeout_s=60)).open()
+    runner: threading.Thread | None = None  # the skip below comes before it exists
     try:
         group = sandbox._require().cgroup  # type: ignore[attr-defined]
         if group is None:
@@ -543,7 +544,8 @@ def test_a_run_and_the_children_it_spawns_are_in_every_hierarchy_of_its_sandbox(
                 )
     finally:
         sandbox.close()
-        runner.join(timeout=20)
+        if runner is not None:
+            runner.join(timeout=20)
     assert_nothing_left(sandbox.name)
 
 
@@ -583,6 +585,7 @@ def test_bwrap_never_starts_when_joining_its_cgroup_fails(launcher, monkeypatch,
     """A launch whose cgroup join fails stops before bwrap: nothing runs outside the group."""
     from sandboxes.cgroups import RunMark
 
+    monkeypatch.setenv("SANDBOXES_PRESTART", "0")  # a bwrap started for the run: begin_run
     if launcher == "shell":
         monkeypatch.setenv("SANDBOXES_LAUNCHER", "shell")
     with Sandbox(SandboxSpec()) as sandbox:
@@ -598,6 +601,35 @@ def test_bwrap_never_starts_when_joining_its_cgroup_fails(launcher, monkeypatch,
         with pytest.raises(SandboxError, match="could not set up the sandbox"):
             sandbox.run(["touch", "/work/ran"])
         monkeypatch.setattr(driver.cgroup, "begin_run", real_begin)
+        assert sandbox.run(["ls", "/work"]).stdout == ""
+    assert_nothing_left(sandbox.name)
+
+
+def test_a_bwrap_started_ahead_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path):
+    """The same for a spare's bwrap started ahead: its launch stops before bwrap, and the
+    sandbox's first run fails as a launch on the spot would (it joins the same groups)."""
+    from sandboxes import bwrap
+    from sandboxes.cgroups import CgroupV1Group, CgroupV2Group, RunMark, manager
+    from sandboxes.workspace import sandboxes_root
+    from tests.sandboxes.conftest import open_started_ahead
+
+    if bwrap.launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    group_class = CgroupV1Group if manager().version == 1 else CgroupV2Group
+    real_begin = group_class.begin_run
+
+    def broken_begin(self: object, name: str, memory_mb: int) -> RunMark:
+        mark = real_begin(self, name, memory_mb)  # type: ignore[arg-type]
+        mark.procs_paths = [*mark.procs_paths, os.fsencode(tmp_path / "absent" / "tasks")]
+        return mark
+
+    monkeypatch.setattr(group_class, "begin_run", broken_begin)
+    spec = SandboxSpec(memory_mb=97)  # a shape of its own: its spares are made broken
+    sandbox = open_started_ahead(spec)
+    with sandbox:
+        with pytest.raises(SandboxError, match="could not set up the sandbox"):
+            sandbox.run(["touch", "/work/ran"])
+        monkeypatch.setattr(group_class, "begin_run", real_begin)
         assert sandbox.run(["ls", "/work"]).stdout == ""
     assert_nothing_left(sandbox.name)
 
@@ -707,6 +739,51 @@ def test_a_planted_launcher_binary_is_never_executed(tmp_path):
         [built, "--bogus", "--", "/bin/true"], capture_output=True, text=True, check=False
     )
     assert refused.returncode == 125 and "bad argument" in refused.stderr
+
+
+def test_one_launcher_per_source_is_reused_and_old_ones_are_removed(tmp_path, monkeypatch):
+    """The launcher's name is its source's hash: every process reuses the one file, and what
+    older sources and dead builds left in the root goes (at a build, and with the janitor)."""
+    import shutil
+
+    from sandboxes import bwrap, janitor
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the shell launch is the only one")
+    if os.statvfs(tmp_path).f_flag & os.ST_NOEXEC:
+        pytest.skip("pytest's temporary directory is noexec here: no launcher runs from it")
+    root = tmp_path / "root"
+    root.mkdir(mode=0o711)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = time.time() - 2 * bwrap.STALE_LAUNCHER_S
+    unused = root / "sandbox-launch-0123456789abcdef"  # another source, nobody started it lately
+    recent = root / "sandbox-launch-fedcba9876543210"  # another source, in use elsewhere
+    dead_build = root / f".sandbox-launch-{dead.pid}-1"  # a build killed half-way
+    live_build = root / f".sandbox-launch-{os.getpid()}-99"  # a build still going
+    for path in (unused, recent, dead_build, live_build):
+        path.write_bytes(b"\x7fELF")
+    os.utime(unused, (old, old))
+    built = bwrap.launch_binary(root)
+    assert built is not None
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [Path(built).name, recent.name, live_build.name]
+    )
+    # Another process (a new cache) reuses the file as it is: no build, same inode.
+    inode = os.stat(built).st_ino
+    bwrap._launch_binary.cache_clear()
+    assert bwrap.launch_binary(root) == built
+    assert os.stat(built).st_ino == inode
+    # Removed under a process that uses it: the next launch builds it again.
+    os.unlink(built)
+    assert bwrap.launch_binary(root) == built
+    assert os.path.exists(built)
+    # The janitor removes a version nobody started using for an hour, never the current one.
+    os.utime(recent, (old, old))
+    os.utime(built, (old, old))
+    monkeypatch.setenv("SANDBOXES_ROOT", str(root))
+    assert recent.name in janitor.reap_stale()
+    assert sorted(p.name for p in root.iterdir()) == sorted([Path(built).name, live_build.name])
 
 
 def test_close_kills_every_process_before_it_returns_and_the_reaper_removes_the_rest():

@@ -14,7 +14,7 @@ import pytest
 from sandboxes import ExecResult, Sandbox, SandboxSpec
 from sandboxes.bwrap import launch_binary
 from sandboxes.workspace import sandboxes_root
-from tests.sandboxes.conftest import assert_nothing_left, leftovers
+from tests.sandboxes.conftest import assert_nothing_left, leftovers, open_started_ahead
 
 SLEEPER = ["sh", "-c", "sleep 5"]
 # (argv, stdin) pairs whose results must not depend on the path that ran them. The shells that
@@ -72,6 +72,97 @@ def test_a_supervised_run_reports_exactly_what_a_bwrap_run_reports(launcher, mon
     assert _results("always", monkeypatch) == _results("never", monkeypatch)
 
 
+def _first_runs(started_ahead: bool, monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
+    """Each command as the first run of a sandbox of its own: in a spare started ahead, or
+    with ``SANDBOXES_PRESTART=0`` in a bwrap started for it. Beyond the shared list: stdin
+    /dev/null (as ``subprocess.DEVNULL`` opens it), an environment and a working directory."""
+    monkeypatch.setenv("SANDBOXES_PRESTART", "1" if started_ahead else "0")
+    spec = SandboxSpec(output_limit_bytes=64, timeout_s=30, env={"FROM_SPEC": "s"})
+    cases: list[tuple[list[str], str | None, dict[str, str] | None, str]] = [
+        (argv, stdin, None, "/work") for argv, stdin in SAME_ON_BOTH_PATHS
+    ]
+    cases += [
+        (
+            ["sh", "-c", "ls -l /proc/self/fd/0 | cut -c1-10; readlink /proc/self/fd/0"],
+            None,
+            None,
+            "/work",
+        ),
+        (["sh", "-c", "pwd; env | sort"], None, {"FROM_RUN": "r", "PATH": "/bin"}, "/work/sub"),
+        (["sh", "-c", "wc -c"], "x" * 200_000, None, "/tmp"),
+    ]
+    results = []
+    for argv, stdin, env, cwd in cases:
+        if started_ahead:
+            sandbox = open_started_ahead(spec)
+        else:
+            sandbox = Sandbox(spec).open()
+            assert sandbox._require()._prestarted is None  # type: ignore[attr-defined]
+        with sandbox:
+            sandbox.write_files({"sub/f": ""})
+            timeout = 0.5 if argv == SLEEPER else None
+            result = sandbox.run(argv, stdin=stdin, timeout=timeout, env=env, cwd=cwd)
+        results.append(_comparable(result))
+        assert_nothing_left(sandbox.name)
+    return results
+
+
+def test_a_sandbox_started_ahead_reports_exactly_what_a_bwrap_started_for_the_run_reports(
+    monkeypatch,
+):
+    if launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    assert _first_runs(True, monkeypatch) == _first_runs(False, monkeypatch)
+
+
+@pytest.mark.parametrize("stdin", [None, "fed\n"])
+def test_a_process_forked_by_the_host_does_not_hold_up_a_sandbox_started_ahead(stdin):
+    """A forked child holds copies of every descriptor the host had when it forked (a
+    DataLoader worker, a prefork pool): the first command must still get its whole message and
+    its stdin's end, not wait for an EOF that the copies hold back."""
+    if launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    sandbox = open_started_ahead(SandboxSpec(timeout_s=20))
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        with sandbox:
+            result = sandbox.run(["cat"], stdin=stdin, timeout=10)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert not result.timed_out and result.exit_code == 0, result
+    assert result.stdout == (stdin or "")
+    assert_nothing_left(sandbox.name)
+
+
+def test_a_sandbox_started_ahead_and_killed_before_its_first_run_still_runs_it():
+    if launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    sandbox = open_started_ahead(SandboxSpec())
+    with sandbox:
+        sandbox.kill()
+        assert sandbox.run(["echo", "ran"]).stdout == "ran\n"
+    assert_nothing_left(sandbox.name)
+
+
+def test_a_sandbox_started_ahead_but_first_run_through_a_supervisor_leaves_nothing(monkeypatch):
+    """A zygote, or a sandbox told to supervise after it opened, gives its waiting bwrap up."""
+    if launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    sandbox = open_started_ahead(SandboxSpec())
+    with sandbox:
+        sandbox._require().supervise = "always"  # type: ignore[attr-defined]
+        first = sandbox.run(["sh", "-c", "ls /proc | grep -c '^[0-9]'"])
+        assert first.exit_code == 0 and int(first.stdout) <= 4  # supervisor, sh, ls, grep
+    assert_nothing_left(sandbox.name)
+    sandbox = open_started_ahead(SandboxSpec())
+    sandbox.close()  # never ran anything
+    assert_nothing_left(sandbox.name)
+
+
 def test_a_command_that_dies_at_once_gets_its_signal_note_on_every_path(monkeypatch):
     # The bwrap path's init used to wait for a background job: a job dead before the shell's
     # `wait` began got no note, one dying later did. Both paths now give it every time.
@@ -94,8 +185,11 @@ def test_later_runs_of_an_episode_share_one_supervisor_that_stays_pid_1(monkeypa
         assert supervisor is not None and supervisor.alive
         sandbox.run(["true"])
         assert driver._supervisor is supervisor  # type: ignore[attr-defined]
-    # Run 1's pid 1 is the bwrap path's init: ours where a compiler built it, else the shell.
-    assert first.stdout.startswith(("/sandbox-init --init -- sh -c", "/bin/sh -c"))
+    # Run 1's pid 1 is the bwrap path's init: ours where a compiler built it (given the command
+    # on its command line, or on a pipe in a sandbox started ahead), else the shell.
+    assert first.stdout.startswith(
+        ("/sandbox-init --init -- sh -c", "/sandbox-init --init-wait ", "/bin/sh -c")
+    )
     assert pids == ["2\n", "3\n", "4\n", "5\n"]  # forks of one pid 1, not new namespaces
     assert_nothing_left(sandbox.name)
 
