@@ -9,7 +9,7 @@ import posixpath
 import threading
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from sandboxes.errors import SandboxError, SandboxPathError
@@ -116,6 +116,9 @@ class Sandbox:
         self._restore_archive: bytes | None = None
         self._restore_image_digest: str | None = None
         self._closed = False
+        #: Applied to the driver before it starts (``PythonZygote``: a supervisor in python
+        #: mode from the start, so no spare's bwrap is started ahead only to be given up).
+        self._configure_driver: Callable[[Driver], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def open(self) -> Sandbox:
@@ -129,6 +132,8 @@ class Sandbox:
         driver = make_driver(self.spec, self.name)
         if self.supervise is not None and hasattr(driver, "supervise"):
             driver.supervise = self.supervise
+        if self._configure_driver is not None:
+            self._configure_driver(driver)
         driver.start()
         # A sandbox that took a spare's storage goes by the spare's name (sandboxes.spares).
         self.name = getattr(driver, "name", self.name)

@@ -106,14 +106,21 @@ class PythonZygote:
     def open(self) -> PythonZygote:
         from sandboxes.bwrap import BwrapDriver
 
-        self._sandbox.open()
-        try:
-            driver = self._sandbox._require()
+        def configure(driver: object) -> None:
+            # Before the driver starts: its first run is the supervisor, so it takes storage
+            # made ahead without a bwrap started ahead (that would be given up at once), and
+            # the spares it leaves for the next zygote of its spec are made the same way.
             assert isinstance(driver, BwrapDriver)
             driver.supervisor_mode = "python"
             driver.supervisor_preload = self.preload
             driver.supervisor_python = self.python
             driver.supervisor_memory_mb = self.zygote_memory_mb
+
+        self._sandbox._configure_driver = configure
+        self._sandbox.open()
+        try:
+            driver = self._sandbox._require()
+            assert isinstance(driver, BwrapDriver)
             driver.start_supervisor_now()
         except BaseException:
             self._sandbox.close()

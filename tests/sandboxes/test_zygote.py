@@ -205,3 +205,32 @@ def test_a_zygote_can_run_an_images_interpreter(monkeypatch):
         assert_nothing_left(zygote.name)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_a_zygote_starts_no_bwrap_ahead_that_it_would_give_up(monkeypatch):
+    """A zygote's first run is its supervisor: it takes storage made ahead, never a spare whose
+    bwrap waits for a first command, and leaves its spec only spares of that kind."""
+    from sandboxes import Sandbox, reaper
+    from sandboxes.bwrap import BwrapDriver
+
+    spec = SandboxSpec(memory_mb=96)
+    started: list[str] = []
+    prestart = BwrapDriver._prestart
+
+    def counting(self, *args):  # type: ignore[no-untyped-def]
+        started.append(self.name)
+        return prestart(self, *args)
+
+    monkeypatch.setattr(BwrapDriver, "_prestart", counting)
+    for _ in range(2):  # the second takes what the first left
+        with PythonZygote(spec) as zygote:
+            assert zygote.evaluate("a.py", files={"a.py": "print(6 * 7)"}).stdout == "42\n"
+            assert zygote._sandbox._require()._prestarted is None  # type: ignore[attr-defined]
+        assert reaper.drain(timeout=30)
+        assert_nothing_left(zygote.name)
+    assert started == []
+    # A plain sandbox of the same spec still gets its first bwrap started ahead, where this
+    # machine can (its spares are of another shape than the zygote's).
+    with Sandbox(spec) as sandbox:
+        assert sandbox.run(["true"]).exit_code == 0
+    assert reaper.drain(timeout=30)
