@@ -7,6 +7,9 @@ rows, in the same run, on a private PostgreSQL.
 - **console Sink**: `ConsoleSink.trajectories(batch)` from trajectory dicts (what a job does:
   row building, JSON, COPY into a staging table, INSERT ... ON CONFLICT, the notice).
 - **ORM**: `TrajectoryRecord.objects.create` per row (on a tenth of the rows).
+- **metrics and events** (``--calls``): `ConsoleSink.metrics(step, values)` and
+  `ConsoleSink.event(kind, data)` per call, each against the same row written by one plain
+  statement in autocommit (the floor of one round trip), in the same run.
 
 Aims (issue "Runs"): Sink >= 50 % of raw COPY, and >= 20x the ORM.
 """
@@ -14,6 +17,7 @@ Aims (issue "Runs"): Sink >= 50 % of raw COPY, and >= 20x the ORM.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -27,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
 
     from console.devservers import PrivateServices
@@ -35,12 +40,12 @@ def main() -> int:
     services = PrivateServices(root, persistent=False)
     os.environ.update(services.start(dict(os.environ)))
     try:
-        return _bench(args.rows, args.batch)
+        return _bench(args.rows, args.batch, args.calls)
     finally:
         services.stop()
 
 
-def _bench(total: int, batch: int) -> int:
+def _bench(total: int, batch: int, calls: int) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
 
@@ -142,6 +147,42 @@ def _bench(total: int, batch: int) -> int:
     print(f"console Sink   {sink_rate:10.0f} rows/s   {sink_rate / copy_rate:.2f}x raw COPY "
           f"(aim >= 0.5)   {sink_rate / orm_rate:.1f}x the ORM (aim >= 20)")  # fmt: skip
     print(f"ORM row by row {orm_rate:10.0f} rows/s   (on {orm_rows} rows)")
+
+    # One step's metrics and one event per call: the sink against one plain statement.
+    values = {f"key/{k}": k / 7 for k in range(40)}
+    event = {"reason": "tick", "stages": [{"name": "rollout", "s": 0.5}] * 4}
+    plain = new_attempt()
+    with connection.cursor() as cursor:
+        start = time.perf_counter()
+        for step in range(1, calls + 1):
+            cursor.execute(
+                'INSERT INTO runs_metric (run_id, step, "values", updated_at) '
+                "VALUES (%s, %s, %s::jsonb, now())",
+                [plain.run_id, step, json.dumps(values)],
+            )
+        plain_metrics_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for step in range(1, calls + 1):
+            cursor.execute(
+                "INSERT INTO runs_runevent (run_id, attempt_id, kind, step, data, created_at) "
+                "VALUES (%s, %s, %s, %s, %s::jsonb, now())",
+                [plain.run_id, plain.pk, "bench.tick", step, json.dumps(event)],
+            )
+        plain_events_s = time.perf_counter() - start
+    sink = ConsoleSink(new_attempt())
+    start = time.perf_counter()
+    for step in range(1, calls + 1):
+        sink.metrics(step, values)
+    metrics_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for step in range(1, calls + 1):
+        sink.event("bench.tick", {**event, "step": step})
+    events_s = time.perf_counter() - start
+    per_call = 1e6 / calls
+    print(f"metrics        {metrics_s * per_call:7.0f} us/call   plain INSERT "
+          f"{plain_metrics_s * per_call:5.0f} us   {metrics_s / plain_metrics_s:.2f}x")  # fmt: skip
+    print(f"event          {events_s * per_call:7.0f} us/call   plain INSERT "
+          f"{plain_events_s * per_call:5.0f} us   {events_s / plain_events_s:.2f}x")  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -6,9 +6,10 @@ is shown is always read here, from PostgreSQL, newer than the connection's curso
 - ``event_xid`` and ``event_sent`` (and ``metric_xid``/``metric_sent``,
   ``trajectory_xid``/``trajectory_sent``, the same for metric rows and trajectories, one
   helper for the three: `_xid_window`): rows are sent by writing transaction, not by id or
-  step. Ids are drawn before commit, so with two writers (a job's sink and an operator's edit,
-  an old attempt's sink still flushing after a new attempt started, or two benches) a smaller
-  id can commit after a bigger one was sent; a cursor of ids or steps would skip it for good.
+  step. Ids are drawn before commit, so with two writers (a job's sink and an operator's edit
+  or the job's Control recording a delivered command, or two benches) a smaller id can commit
+  after a bigger one was sent; a cursor of ids or steps would skip it for good. (An old
+  attempt's sink is not one of them: it is refused once a newer attempt is current.)
   Each read takes its snapshot's ``xmin`` (every transaction older than it has committed or
   rolled back, so its rows are final) and sends every visible row of a transaction at or
   after ``event_xid`` that is not in ``event_sent``. The next cursor is ``xmin``, with

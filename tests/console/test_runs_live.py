@@ -416,9 +416,8 @@ def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
 def test_a_metric_and_a_trajectory_committed_after_newer_ones_were_shown_are_still_sent(
     client_as: Any, attempt: Attempt
 ) -> None:
-    # As for events: writer A (an old attempt's sink still flushing) draws the first ids of a
-    # metric row and a trajectory and commits last; writer B (the new attempt's sink) writes a
-    # later step and commits in between. A cursor on the newest step or [step, index] would
+    # As for events: writer A draws the first ids of a metric row and a trajectory and commits
+    # last; writer B (the attempt's sink) writes a later step and commits in between. A cursor on the newest step or [step, index] would
     # have skipped A's rows for good. (A writes the rows only: the sink's counters on the run
     # row would make B wait for A's commit, which is not the case under test.)
     client = client_as(OWNER)
