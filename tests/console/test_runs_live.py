@@ -498,6 +498,24 @@ def test_a_metric_and_a_trajectory_committed_after_newer_ones_were_shown_are_sti
     assert stored[0].pk < stored[1].pk  # A's row has the smaller id: out of id order
 
 
+def test_a_page_too_far_behind_gets_a_snapshot_of_the_same_moment(
+    attempt: Attempt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The delta turns into a snapshot inside its own transaction, which the snapshot joins.
+    monkeypatch.setattr(live, "DELTA_MAX_STEPS", 3)
+    sink = ConsoleSink(attempt)
+    sink.metrics(1, train_metrics(1))
+    start = live.snapshot(attempt.run_id)
+    for step in range(2, 7):
+        sink.metrics(step, train_metrics(step))
+    sink.event("test.a", {})
+    message = live.delta(attempt.run_id, start["cursors"])
+    assert message["type"] == "snapshot"
+    assert [step for step, _ in message["series"]["reward/mean"]] == [1, 2, 3, 4, 5, 6]
+    assert [e["kind"] for e in message["events"]] == ["test.a"]
+    assert live.delta(attempt.run_id, message["cursors"])["events"] == []
+
+
 def test_past_its_bound_of_sent_transactions_a_cursor_holds_newer_ones_back_until_the_horizon_moves(
     attempt: Attempt, monkeypatch: pytest.MonkeyPatch
 ) -> None:
