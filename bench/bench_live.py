@@ -44,6 +44,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--per-commit", type=int, default=10, help="events per transaction")
     parser.add_argument("--writers", type=int, default=1, help="concurrent writer processes")
+    parser.add_argument(
+        "--trace", action="store_true", help="time the server's side too (bench/live_trace.py)"
+    )
     parser.add_argument("--write", type=int, default=0, help=argparse.SUPPRESS)  # attempt id
     parser.add_argument("--writer", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -68,16 +71,23 @@ def main() -> int:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
+        trace = work / "trace.jsonl"
+        if args.trace:
+            env["BENCH_LIVE_TRACE"] = str(trace)
+        app = "bench.live_trace:application" if args.trace else "console.asgi:application"
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+            [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
              "--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off",
              "--no-access-log", "--log-level", "warning"],
             cwd=ROOT, env={**env, "DEBUG": "1"},
         )  # fmt: skip
         _wait_for_port(port, server)
         return asyncio.run(
-            _bench(port, args.clients, args.rate, args.seconds, args.per_commit, args.writers)
-        )
+            _bench(
+                port, args.clients, args.rate, args.seconds, args.per_commit, args.writers,
+                trace if args.trace else None,
+            )
+        )  # fmt: skip
     finally:
         if server is not None:
             server.terminate()
@@ -131,7 +141,13 @@ def _setup() -> tuple[Any, str]:
 
 
 async def _bench(
-    port: int, clients: int, rate: int, seconds: float, per_commit: int, writers: int
+    port: int,
+    clients: int,
+    rate: int,
+    seconds: float,
+    per_commit: int,
+    writers: int,
+    trace: Path | None,
 ) -> int:
     import websockets
     from asgiref.sync import sync_to_async
@@ -231,8 +247,67 @@ async def _bench(
     print(f"  Redis PUBLISH round trip  p50 {pct(baseline, 0.5):7.2f} ms   "
           f"p99 {pct(baseline, 0.99):7.2f} ms")  # fmt: skip
     print(f"  p99 ratio: {pct(latencies, 0.99) / pct(baseline, 0.99):.0f}x the Redis round trip")
+    # Where the tail goes: to the first page that got an event (the writer's notice, Redis,
+    # the server's read), or from it to the others (the fan-out: sending 50 frames and the
+    # clients' own decoding, in this one process).
+    first = {
+        event_id: min(arrived[event_id] for arrived in arrivals if event_id in arrived)
+        for event_id in committed
+        if any(event_id in arrived for arrived in arrivals)
+    }
+    upstream = sorted((first[e] - committed[e]) * 1000 for e in first)
+    spread = sorted(
+        (arrived[e] - first[e]) * 1000 for arrived in arrivals for e in first if e in arrived
+    )
+    print(f"  commit -> first page   p50 {pct(upstream, 0.5):7.1f} ms   "
+          f"p99 {pct(upstream, 0.99):7.1f} ms")  # fmt: skip
+    print(f"  first page -> each     p50 {pct(spread, 0.5):7.1f} ms   "
+          f"p99 {pct(spread, 0.99):7.1f} ms")  # fmt: skip
+    if trace is not None:
+        _print_trace(trace, committed, first, pct)
     print(f"load average {os.getloadavg()[0]:.1f}")
     return 0 if lost == 0 else 1
+
+
+def _print_trace(
+    trace: Path, committed: dict[int, float], first: dict[int, float], pct: Any
+) -> None:
+    """Each event's way from its commit to the first page, stage by stage (the server's
+    moments from bench/live_trace.py): p50 and p99 of each stage over the events."""
+    import bisect
+
+    rings: list[float] = []
+    reads: dict[int, dict[str, Any]] = {}  # event id -> the first read that carried it
+    for line in trace.read_text().splitlines():
+        record = json.loads(line)
+        if "ring" in record:
+            rings.append(record["ring"])
+            continue
+        for event_id in record["ids"]:
+            if event_id not in reads or record["sent"] < reads[event_id]["sent"]:
+                reads[event_id] = record
+    rings.sort()
+    stages: dict[str, list[float]] = {}
+    for event_id, read in reads.items():
+        if event_id not in committed or event_id not in first:
+            continue
+        at = bisect.bisect_left(rings, committed[event_id])
+        ring = rings[at] if at < len(rings) and rings[at] <= read["task"] else read["task"]
+        moments = [
+            ("commit -> doorbell at the server", committed[event_id], ring),
+            ("doorbell -> read task", ring, read["task"]),
+            ("read task -> its database thread", read["task"], read["read"]),
+            ("database read (live.delta)", read["read"], read["done"]),
+            ("JSON encoding", read["done"], read["encoded"]),
+            ("encoded -> first frame sent", read["encoded"], read["sent"]),
+            ("sent -> first page's arrival", read["sent"], first[event_id]),
+        ]
+        for name, start, end in moments:
+            stages.setdefault(name, []).append((end - start) * 1000)
+    print(f"  server trace ({len(reads)} events, {len(rings)} doorbells):")
+    for name, values in stages.items():
+        values.sort()
+        print(f"    {name:36} p50 {pct(values, 0.5):7.1f} ms   p99 {pct(values, 0.99):7.1f} ms")
 
 
 def _write_process(attempt_id: int, rate: int, seconds: float, per_commit: int, writer: int) -> int:

@@ -7,6 +7,9 @@ rows, in the same run, on a private PostgreSQL.
 - **console Sink**: `ConsoleSink.trajectories(batch)` from trajectory dicts (what a job does:
   row building, JSON, COPY into a staging table, INSERT ... ON CONFLICT, the notice).
 - **ORM**: `TrajectoryRecord.objects.create` per row (on a tenth of the rows).
+- **metrics and events** (``--calls``): `ConsoleSink.metrics(step, values)` and
+  `ConsoleSink.event(kind, data)` per call, each against the same row written by one plain
+  statement in autocommit (one round trip and one commit), call by call in turn; medians.
 
 Aims (issue "Runs"): Sink >= 50 % of raw COPY, and >= 20x the ORM.
 """
@@ -14,7 +17,9 @@ Aims (issue "Runs"): Sink >= 50 % of raw COPY, and >= 20x the ORM.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -27,6 +32,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
 
     from console.devservers import PrivateServices
@@ -35,12 +41,12 @@ def main() -> int:
     services = PrivateServices(root, persistent=False)
     os.environ.update(services.start(dict(os.environ)))
     try:
-        return _bench(args.rows, args.batch)
+        return _bench(args.rows, args.batch, args.calls)
     finally:
         services.stop()
 
 
-def _bench(total: int, batch: int) -> int:
+def _bench(total: int, batch: int, calls: int) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
 
@@ -142,6 +148,45 @@ def _bench(total: int, batch: int) -> int:
     print(f"console Sink   {sink_rate:10.0f} rows/s   {sink_rate / copy_rate:.2f}x raw COPY "
           f"(aim >= 0.5)   {sink_rate / orm_rate:.1f}x the ORM (aim >= 20)")  # fmt: skip
     print(f"ORM row by row {orm_rate:10.0f} rows/s   (on {orm_rows} rows)")
+
+    # One step's metrics and one event per call: the sink against one plain statement in
+    # autocommit, alternately call by call (both see the same moments of a busy machine), as
+    # medians. Most of either is its commit's flush to disk.
+    values = {f"key/{k}": k / 7 for k in range(40)}
+    event = {"reason": "tick", "stages": [{"name": "rollout", "s": 0.5}] * 4}
+    plain = new_attempt()
+    sink = ConsoleSink(new_attempt())
+    metric_sql = (
+        'INSERT INTO runs_metric (run_id, step, "values", updated_at) '
+        "VALUES (%s, %s, %s::jsonb, now())"
+    )
+    event_sql = (
+        "INSERT INTO runs_runevent (run_id, attempt_id, kind, step, data, created_at) "
+        "VALUES (%s, %s, %s, %s, %s::jsonb, now())"
+    )
+    times: dict[str, list[float]] = {"metrics": [], "plain metrics": [], "event": [],
+                                     "plain event": []}  # fmt: skip
+    with connection.cursor() as cursor:
+        for step in range(1, calls + 1):
+            start = time.perf_counter()
+            cursor.execute(metric_sql, [plain.run_id, step, json.dumps(values)])
+            times["plain metrics"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            sink.metrics(step, values)
+            times["metrics"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            cursor.execute(
+                event_sql, [plain.run_id, plain.pk, "bench.tick", step, json.dumps(event)]
+            )
+            times["plain event"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            sink.event("bench.tick", {**event, "step": step})
+            times["event"].append(time.perf_counter() - start)
+    median = {name: statistics.median(values) * 1e6 for name, values in times.items()}
+    for name in ("metrics", "event"):
+        floor = median[f"plain {name}"]
+        print(f"{name:14} {median[name]:7.0f} us/call (median)   plain INSERT {floor:5.0f} us"
+              f"   {median[name] / floor:.2f}x")  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -6,9 +6,10 @@ is shown is always read here, from PostgreSQL, newer than the connection's curso
 - ``event_xid`` and ``event_sent`` (and ``metric_xid``/``metric_sent``,
   ``trajectory_xid``/``trajectory_sent``, the same for metric rows and trajectories, one
   helper for the three: `_xid_window`): rows are sent by writing transaction, not by id or
-  step. Ids are drawn before commit, so with two writers (a job's sink and an operator's edit,
-  an old attempt's sink still flushing after a new attempt started, or two benches) a smaller
-  id can commit after a bigger one was sent; a cursor of ids or steps would skip it for good.
+  step. Ids are drawn before commit, so with two writers (a job's sink and an operator's edit
+  or the job's Control recording a delivered command, or two benches) a smaller id can commit
+  after a bigger one was sent; a cursor of ids or steps would skip it for good. (An old
+  attempt's sink is not one of them: it is refused once a newer attempt is current.)
   Each read takes its snapshot's ``xmin`` (every transaction older than it has committed or
   rolled back, so its rows are final) and sends every visible row of a transaction at or
   after ``event_xid`` that is not in ``event_sent``. The next cursor is ``xmin``, with
@@ -188,26 +189,60 @@ def _shown_events(run_id: int) -> Any:
     return RunEvent.objects.filter(run_id=run_id).exclude(kind__in=PER_STEP_EVENT_KINDS)
 
 
+def _pending_sql() -> str:
+    """One query for the three kinds (each read used to compile and run three, then fetch all
+    three even when nothing was new): per kind, the transactions past the new floor with
+    visible rows not sent yet (ordered, at most ``limit``), and one transaction below it that
+    ended since the last read with rows not sent (whether any waits); and the run's newest
+    metric step. Plain SQL (its table names and kinds are constants): composing querysets per
+    read cost more than running them."""
+    shown_events = "AND kind <> ALL(%(per_step)s::text[])"
+    tables = {
+        "event": (RunEvent._meta.db_table, shown_events),
+        "metric": (MetricRow._meta.db_table, ""),
+        "trajectory": (TrajectoryRecord._meta.db_table, ""),
+    }
+    parts = []
+    for kind, (table, extra) in tables.items():
+        where = f"run_id = %(run)s {extra}"
+        parts.append(
+            f"(SELECT '{kind}' AS kind, xid, false AS settled FROM (SELECT DISTINCT xid "  # noqa: S608
+            f"FROM {table} WHERE {where} AND xid >= %({kind}_floor)s "
+            f"AND xid <> ALL(%({kind}_kept)s::bigint[]) ORDER BY xid "
+            f"LIMIT %({kind}_limit)s) AS newer)"
+        )
+        parts.append(
+            f"(SELECT '{kind}', xid, true FROM {table} WHERE {where} "  # noqa: S608
+            f"AND xid >= %({kind}_old_floor)s AND xid < %({kind}_floor)s "
+            f"AND xid <> ALL(%({kind}_sent)s::bigint[]) LIMIT 1)"
+        )
+    parts.append(
+        f"(SELECT 'newest_step', step, false FROM {MetricRow._meta.db_table} "  # noqa: S608
+        "WHERE run_id = %(run)s ORDER BY step DESC LIMIT 1)"
+    )
+    return " UNION ALL ".join(parts)
+
+
+_PENDING = _pending_sql()
+_KINDS = ("event", "metric", "trajectory")
+
+
 def _xid_window(
-    rows: Any, floor: int, sent: list[int], xmin: int
+    rows: Any, floor: int, sent: list[int], xmin: int, newer: list[int], any_settled: bool
 ) -> tuple[Any, int, list[int], bool]:
     """The rows of `rows` (a queryset of a model with ``xid``: events, metric rows,
     trajectories) to send after the cursor (`floor`, `sent`) in a snapshot whose horizon is
-    `xmin` (see ``event_xid``); the next cursor's floor and sent transactions; and whether
-    committed rows wait (``held_back``: MAX_SENT_XIDS reached)."""
+    `xmin` (see ``event_xid``), given what `_PENDING` found: the transactions past the horizon
+    with rows not sent (`newer`) and whether rows below it wait (`any_settled`). Returns the
+    rows, the next cursor's floor and sent transactions, and whether committed rows wait
+    (``held_back``: MAX_SENT_XIDS reached)."""
     new_floor = max(floor, xmin)  # never backwards: a cursor from another server is kept
     kept = [xid for xid in sent if xid >= new_floor]
     room = MAX_SENT_XIDS - len(kept)
-    # The transactions past the horizon that are visible and not sent yet: committed ones.
-    newer = list(
-        rows.filter(xid__gte=new_floor)
-        .exclude(xid__in=kept)
-        .order_by("xid")
-        .values_list("xid", flat=True)
-        .distinct()[: room + 1]
-    )
     held_back = len(newer) > room
     newer = newer[:room]
+    if not newer and not any_settled:
+        return rows.none(), new_floor, sorted(kept), held_back  # nothing to read
     # Below the new floor every transaction has ended: all of it that was not sent, goes.
     settled = Q(xid__gte=floor, xid__lt=new_floor)
     if sent:
@@ -216,9 +251,33 @@ def _xid_window(
     return rows.filter(wanted), new_floor, sorted(kept + newer), held_back
 
 
-def _windows(run_id: int, since: Cursors, xmin: int) -> tuple[dict[str, Any], dict[str, Any], bool]:
+def _windows(
+    run_id: int, since: Cursors, xmin: int
+) -> tuple[dict[str, Any], dict[str, Any], bool, int | None]:
     """The events, metric rows and trajectories to send after `since` (by kind), the next
-    cursors' floors and sent transactions, and whether any committed row waits."""
+    cursors' floors and sent transactions, whether any committed row waits, and the run's
+    newest metric step."""
+    params: dict[str, Any] = {"run": run_id, "per_step": list(PER_STEP_EVENT_KINDS)}
+    for kind in _KINDS:
+        floor, sent = since.get(f"{kind}_xid", 0), since.get(f"{kind}_sent", [])
+        new_floor = max(floor, xmin)
+        kept = [xid for xid in sent if xid >= new_floor]
+        params.update({
+            f"{kind}_old_floor": floor, f"{kind}_floor": new_floor, f"{kind}_sent": list(sent),
+            f"{kind}_kept": kept, f"{kind}_limit": MAX_SENT_XIDS - len(kept) + 1,
+        })  # fmt: skip
+    newer: dict[str, list[int]] = {kind: [] for kind in _KINDS}
+    any_settled: set[str] = set()
+    newest_step = None
+    with connection.cursor() as cursor:
+        cursor.execute(_PENDING, params)
+        for kind, value, settled in cursor.fetchall():
+            if kind == "newest_step":
+                newest_step = int(value)
+            elif settled:
+                any_settled.add(kind)
+            else:
+                newer[kind].append(int(value))
     tables = {
         "event": _shown_events(run_id),
         "metric": MetricRow.objects.filter(run_id=run_id),
@@ -230,10 +289,10 @@ def _windows(run_id: int, since: Cursors, xmin: int) -> tuple[dict[str, Any], di
     for kind, table in tables.items():
         floor, sent = since.get(f"{kind}_xid", 0), since.get(f"{kind}_sent", [])
         rows[kind], cursors[f"{kind}_xid"], cursors[f"{kind}_sent"], held = _xid_window(
-            table, floor, sent, xmin
+            table, floor, sent, xmin, sorted(newer[kind]), kind in any_settled
         )
         held_back |= held
-    return rows, cursors, held_back
+    return rows, cursors, held_back, newest_step
 
 
 def _metric_cursor(run_id: int) -> tuple[int, list[str]]:
@@ -253,7 +312,7 @@ def snapshot(run_id: int) -> dict[str, Any]:
         run = Run.objects.get(pk=run_id)
         series = downsampled_series(run_id)
         metric_step, metric_keys = _metric_cursor(run_id)
-        shown, windows, held_back = _windows(run_id, {}, xmin)
+        shown, windows, held_back, _ = _windows(run_id, {}, xmin)
         events = list(shown["event"].order_by("-id")[:SNAPSHOT_EVENTS])
         events.sort(key=lambda e: e.pk)
         newest = list(shown["trajectory"].order_by("-step", "-index")[:SNAPSHOT_TRAJECTORIES])
@@ -317,7 +376,7 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
         cursors = dict(since)
         # Every event of the transactions committed since the last read, transaction by
         # transaction, each in the order it wrote them (id).
-        shown, windows, held_back = _windows(run_id, since, xmin)
+        shown, windows, held_back, newest_step = _windows(run_id, since, xmin)
         events = list(shown["event"].order_by("xid", "id"))
         restarts = [e.step for e in events if e.kind == "run.started" and e.step is not None]
         truncate_after: int | None = min(restarts) if restarts else None
@@ -325,12 +384,6 @@ def delta(run_id: int, since: Cursors) -> dict[str, Any]:
             cursors["metric_step"] = truncate_after
             row = MetricRow.objects.filter(run_id=run_id, step=truncate_after).first()
             cursors["metric_keys"] = sorted(k for k in row.values if is_chart_key(k)) if row else []
-        newest_step = (
-            MetricRow.objects.filter(run_id=run_id)
-            .order_by("-step")
-            .values_list("step", flat=True)
-            .first()
-        )
         if newest_step is not None and newest_step - cursors["metric_step"] > DELTA_MAX_STEPS:
             return snapshot(run_id)
         series: dict[str, list[list[float]]] = {}

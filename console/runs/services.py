@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -49,6 +49,53 @@ from console.runs.models import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class AttemptNotCurrent(Exception):
+    """A job wrote, or asked for its commands, as an attempt that is no longer its run's
+    current one: the attempt was lost, preempted or ended, and the run may have moved on to a
+    newer attempt, while the old job still runs (its host lost contact, or it had not yet seen
+    its stop). What it sends is refused."""
+
+
+# A run has at most one live attempt (the constraint attempt_one_live_per_run), so an attempt
+# is its run's current one while it is live. Checked with KEY SHARE on the attempt's row,
+# which is held until the caller's transaction ends: ending the attempt (`attempt_finished`,
+# `_requeue_lost`: SELECT ... FOR UPDATE first) waits for a write in flight, and a write that
+# comes after sees the attempt ended. A heartbeat (a plain UPDATE of other columns) does not
+# wait. Take it first in a transaction, before the writes: they lock the run's row, which
+# ending the attempt locks after the attempt's.
+ATTEMPT_CURRENT = "id = %s AND state IN ({})".format(
+    ", ".join(f"'{state}'" for state in LIVE_ATTEMPT_STATES)
+)
+
+
+def attempt_hold_current(attempt: Attempt) -> None:
+    """Inside a transaction: raises `AttemptNotCurrent` unless `attempt` is live, and keeps it
+    live until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM runs_attempt WHERE {ATTEMPT_CURRENT} FOR KEY SHARE",  # noqa: S608
+            [attempt.pk],
+        )
+        if cursor.fetchone() is None:
+            raise attempt_not_current(attempt)
+
+
+def attempt_not_current(attempt: Attempt) -> AttemptNotCurrent:
+    """The refusal for `attempt`, saying what it is now and which attempt is current."""
+    state = Attempt.objects.filter(pk=attempt.pk).values_list("state", flat=True).first()
+    current = (
+        Attempt.objects.filter(run_id=attempt.run_id, state__in=LIVE_ATTEMPT_STATES)
+        .values_list("number", flat=True)
+        .first()
+    )
+    now = f"attempt {current} is" if current else "no attempt is live"
+    return AttemptNotCurrent(
+        f"attempt {attempt.number} of run {attempt.run_id} is {state or 'gone'} and no longer "
+        f"the run's current attempt ({now})"
+    )
+
 
 RUNS_TOPIC = "runs"
 # The run notices that change the scheduler's pages (a run queued, placed, stopped, or its
@@ -1064,8 +1111,11 @@ def run_command(
 
 
 def commands_deliver(*, attempt: Attempt, step: int) -> list[RunCommand]:
-    """The run's undelivered commands, marked delivered to `attempt` at `step` (each once)."""
+    """The run's undelivered commands, marked delivered to `attempt` at `step` (each once).
+    Raises `AttemptNotCurrent` for an attempt that is no longer live: its commands are the
+    current attempt's."""
     with transaction.atomic():
+        attempt_hold_current(attempt)
         commands = list(
             RunCommand.objects.select_for_update(skip_locked=True)
             .filter(run_id=attempt.run_id, delivered_at=None)

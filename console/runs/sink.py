@@ -10,14 +10,23 @@ run's channel-layer group (`console.broadcast`) for the live pages.
 When an attempt starts at step S (``run.started``), rows an earlier attempt wrote for steps
 after S are deleted: the policy that produced them is gone (the run resumes from the checkpoint
 of step S), and the steps will be produced again.
+
+Only the run's current attempt writes. Every write checks, in its own transaction and under a
+lock on the attempt's row (`services.attempt_hold_current`), that its attempt is still live;
+an old attempt's job that still runs after the run moved on (its host lost contact, or it had
+not yet seen its stop) has each write refused whole with `services.AttemptNotCurrent`. The
+first refusal is recorded as the run's event ``sink.refused`` and logged; the job's Control
+(`ConsoleControl`) is refused too and stops the loop at its next step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -36,6 +45,8 @@ from console.runs.models import (
     TrajectoryRecord,
 )
 from training.control import ControlDecision, Overrides
+
+logger = logging.getLogger(__name__)
 
 TRAJECTORY_COLUMNS = (
     "run_id",
@@ -168,13 +179,16 @@ def _copy_skipping_existing(rows: Sequence[tuple[Any, ...]]) -> int:
 
 class ConsoleSink:
     """`training.sink.Sink` writing one attempt's output to PostgreSQL (called from the
-    library's sink thread, in the order the run produced things)."""
+    library's sink thread, in the order the run produced things). Raises
+    `services.AttemptNotCurrent` for a write refused because the attempt is no longer live
+    (``refused`` then says why)."""
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
         self.run: Run = attempt.run
         self.next_index: dict[int, int] = {}
         self.written = 0
+        self.refused = ""
 
     def trajectories(self, items: Sequence[dict[str, Any]]) -> None:
         if not items:
@@ -186,12 +200,12 @@ class ConsoleSink:
             index = self.next_index.get(step, 0)
             self.next_index[step] = index + 1
             rows.append(trajectory_row(self.run.pk, self.attempt.pk, index, item, now))
-        with transaction.atomic():
+        steps = sorted({row[2] for row in rows})
+        with self._as_current("trajectories", steps[-1]):
             inserted = copy_trajectory_rows(rows)
             Run.objects.filter(pk=self.run.pk).update(
                 trajectories_stored=F("trajectories_stored") + inserted
             )
-            steps = sorted({row[2] for row in rows})
             services.notify(
                 self.run,
                 "run.trajectories",
@@ -203,15 +217,21 @@ class ConsoleSink:
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in values.items()}
-        with transaction.atomic(), connection.cursor() as cursor:
+        with self._as_current("metrics", step, held=True), connection.cursor() as cursor:
             cursor.execute(
-                'INSERT INTO runs_metric (run_id, step, "values", updated_at) '
-                "VALUES (%s, %s, %s::jsonb, now()) ON CONFLICT (run_id, step) "
+                # Written only while the attempt is current: the check and its lock are the
+                # upsert's own (no statement more per step).
+                'INSERT INTO runs_metric (run_id, step, "values", updated_at) '  # noqa: S608
+                "SELECT %s, %s, %s::jsonb, now() FROM runs_attempt "
+                f"WHERE {services.ATTEMPT_CURRENT} FOR KEY SHARE "
+                "ON CONFLICT (run_id, step) "
                 'DO UPDATE SET "values" = runs_metric."values" || EXCLUDED."values", '
                 # The merging transaction is the row's writer now (the live stream's cursor).
                 "updated_at = now(), xid = pg_current_xact_id()::text::bigint",
-                [self.run.pk, step, _json(clean)],
+                [self.run.pk, step, _json(clean), self.attempt.pk],
             )
+            if cursor.rowcount == 0:
+                raise services.attempt_not_current(self.attempt)
             rollup.record(self.run.pk, step, _json(clean))
             Run.objects.filter(pk=self.run.pk, last_step__lt=step).update(last_step=step)
             services.notify(
@@ -222,13 +242,14 @@ class ConsoleSink:
             )
 
     def checkpoint(self, info: dict[str, Any]) -> None:
-        with transaction.atomic():
+        step = int(info.get("step", 0))
+        with self._as_current("checkpoint", step):
             # A step saved twice (a preemption right after a periodic save) is one checkpoint;
             # the later reason wins, so a preemption's checkpoint says so.
             Checkpoint.objects.update_or_create(
                 run=self.run,
                 path=str(info.get("path", "")),
-                step=int(info.get("step", 0)),
+                step=step,
                 defaults={
                     "attempt": self.attempt,
                     "reason": str(info.get("reason", ""))[:32],
@@ -236,19 +257,21 @@ class ConsoleSink:
                 },
             )
             # Also an event: the charts draw a marker at each checkpoint.
-            step = int(info.get("step", 0))
             reason = str(info.get("reason", ""))[:32]
             self._record_event("checkpoint.saved", {"step": step, "reason": reason})
             services.notify(self.run, "run.checkpoint", {"step": step}, wait=False)
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         data = _finite(json.loads(_json(data)))
+        step = data.get("step")
         if kind not in ("run.started", "sink.trajectories_dropped"):
             # One row: no transaction of its own, nor a savepoint inside a caller's (the
-            # INSERT alone, instead of a BEGIN or SAVEPOINT and a COMMIT or RELEASE around it).
-            self._record_event(kind, data)
+            # INSERT alone, which checks that the attempt is current, instead of a BEGIN or
+            # SAVEPOINT and a COMMIT or RELEASE around it).
+            with self._as_current(kind, step, held=True, atomic=False):
+                self._record_event(kind, data)
             return
-        with transaction.atomic(savepoint=False):
+        with self._as_current(kind, step):
             if kind == "run.started":
                 start = int(data.get("step") or 0)
                 # Steps after the checkpoint this attempt resumed from are produced again.
@@ -271,8 +294,65 @@ class ConsoleSink:
                 )
             self._record_event(kind, data)
 
+    @contextlib.contextmanager
+    def _as_current(
+        self, what: str, step: Any, *, held: bool = False, atomic: bool = True
+    ) -> Iterator[None]:
+        """A transaction in which the attempt is its run's current one; refused whole
+        (`services.AttemptNotCurrent`) otherwise. ``held``: the block's first statement
+        checks and locks the attempt itself. ``atomic=False``: the block is one statement."""
+        try:
+            with transaction.atomic() if atomic else contextlib.nullcontext():
+                if not held:
+                    services.attempt_hold_current(self.attempt)
+                yield
+        except services.AttemptNotCurrent as error:
+            self._report_refusal(what, step, error)
+            raise
+
+    def _report_refusal(self, what: str, step: Any, error: Exception) -> None:
+        """The first refusal becomes the run's event (the page shows an old job still
+        writing) and a line in the job's log; the later ones only raise."""
+        if self.refused:
+            return
+        self.refused = str(error)
+        logger.warning("%s: its %s (step %s) and what follows are refused", error, what, step)
+        with transaction.atomic():
+            services.record_event(
+                self.run,
+                "sink.refused",
+                {
+                    "attempt": self.attempt.number,
+                    "refused": what,
+                    # Not "step": this is no event of that step's (nor a chart marker there).
+                    "at_step": step if isinstance(step, int) else None,
+                    "reason": self.refused,
+                },
+                attempt=self.attempt,
+            )
+            services.notify(
+                self.run, "run.event", {"kind": "sink.refused"}, to_lists=False, wait=False
+            )
+
     def _record_event(self, kind: str, data: dict[str, Any]) -> None:
-        services.record_event(self.run, kind, data, attempt=self.attempt)
+        step = data.get("step")
+        with connection.cursor() as cursor:
+            # As `services.record_event`, only while the attempt is current (the same check
+            # and lock as `services.attempt_hold_current`, in the INSERT itself).
+            cursor.execute(
+                "INSERT INTO runs_runevent (run_id, attempt_id, kind, step, data, created_at) "  # noqa: S608
+                "SELECT run_id, id, %s, %s, %s::jsonb, %s FROM runs_attempt "
+                f"WHERE {services.ATTEMPT_CURRENT} FOR KEY SHARE",
+                [
+                    kind,
+                    step if isinstance(step, int) and step >= 0 else None,
+                    _json(data),
+                    timezone.now(),
+                    self.attempt.pk,
+                ],
+            )
+            if cursor.rowcount == 0:
+                raise services.attempt_not_current(self.attempt)
         # The run's page only; the lists hear of state changes (services' run.state).
         services.notify(
             self.run,
@@ -284,13 +364,23 @@ class ConsoleSink:
 
 
 class ConsoleControl:
-    """`training.control.Control` reading the run's pending commands once per step."""
+    """`training.control.Control` reading the run's pending commands once per step. An
+    attempt that is no longer its run's current one is cancelled: its job stops at once,
+    without a checkpoint (the current attempt owns the run's checkpoints), and ``refused``
+    says why."""
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
+        self.refused = ""
 
     def poll(self, step: int) -> ControlDecision:
-        commands = services.commands_deliver(attempt=self.attempt, step=step)
+        try:
+            commands = services.commands_deliver(attempt=self.attempt, step=step)
+        except services.AttemptNotCurrent as error:
+            if not self.refused:
+                logger.warning("%s: stopping before step %s", error, step)
+            self.refused = str(error)
+            return ControlDecision(cancel=True, reason=self.refused)
         if not commands:
             return ControlDecision()
         cancel = preempt = False

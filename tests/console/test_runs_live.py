@@ -5,9 +5,11 @@ and the server-side downsampling."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,47 @@ def points_of(messages: list[dict[str, Any]]) -> list[tuple[str, int]]:
 async def write(sink: ConsoleSink, fn: str, *args: Any) -> None:
     await sync_to_async(getattr(sink, fn))(*args)
     await sync_to_async(flush_soon)()
+
+
+@contextlib.contextmanager
+def writer_a_open(write_a: Callable[[], None]) -> Iterator[Callable[[], None]]:
+    """Writer A: `write_a` runs in a transaction on another thread, which is left open (its
+    row ids and its transaction id drawn, nothing committed) while the block runs. Yields
+    `commit`, which lets A commit (then send its notices) and waits for it; the block's end
+    does so too. What A raised is raised here."""
+    wrote, may_commit = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with transaction.atomic():
+                write_a()
+                wrote.set()
+                assert may_commit.wait(10)
+            flush_soon()
+        except BaseException as error:
+            failed.append(error)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=writer)
+
+    def commit() -> None:
+        may_commit.set()
+        thread.join(30)
+        assert not thread.is_alive()
+        if failed:
+            raise failed[0]
+
+    thread.start()
+    try:
+        assert wrote.wait(10) or failed, "writer A did not write"
+        if failed:
+            raise failed[0]
+        yield commit
+    finally:
+        may_commit.set()
+        thread.join(30)
 
 
 # --- who may watch ------------------------------------------------------------------------------
@@ -374,30 +417,20 @@ def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
     # A's for good; one that waited for the oldest open transaction would have held B's back
     # until A ended.
     client = client_as(OWNER)
-    a_wrote, a_may_commit = threading.Event(), threading.Event()
 
-    def writer_a() -> None:
-        try:
-            with transaction.atomic():
-                ConsoleSink(attempt).event("test.a", {"reason": "first id, last commit"})
-                a_wrote.set()
-                assert a_may_commit.wait(10)
-            flush_soon()
-        finally:
-            connections.close_all()
+    def write_a() -> None:
+        ConsoleSink(attempt).event("test.a", {"reason": "first id, last commit"})
 
     async def scenario() -> list[dict[str, Any]]:
         communicator = socket(client, attempt.run_id)
         assert (await communicator.connect(timeout=10))[0]
         messages = [await communicator.receive_json_from(timeout=10)]
-        a = asyncio.get_running_loop().run_in_executor(None, writer_a)
-        assert await asyncio.to_thread(a_wrote.wait, 10)
-        await write(ConsoleSink(attempt), "event", "test.b", {"reason": "second id"})
-        # B's event is sent while A's transaction is still open.
-        messages.append(await communicator.receive_json_from(timeout=10))
-        assert await communicator.receive_nothing(timeout=0.3)
-        a_may_commit.set()
-        await a
+        with writer_a_open(write_a) as commit_a:
+            await write(ConsoleSink(attempt), "event", "test.b", {"reason": "second id"})
+            # B's event is sent while A's transaction is still open.
+            messages.append(await communicator.receive_json_from(timeout=10))
+            assert await communicator.receive_nothing(timeout=0.3)
+            await asyncio.to_thread(commit_a)
         messages.append(await communicator.receive_json_from(timeout=10))
         assert await communicator.receive_nothing(timeout=0.3)
         await communicator.disconnect()
@@ -416,44 +449,34 @@ def test_an_event_committed_after_a_newer_one_was_shown_is_still_sent(
 def test_a_metric_and_a_trajectory_committed_after_newer_ones_were_shown_are_still_sent(
     client_as: Any, attempt: Attempt
 ) -> None:
-    # As for events: writer A (an old attempt's sink still flushing) draws the first ids of a
-    # metric row and a trajectory and commits last; writer B (the new attempt's sink) writes a
-    # later step and commits in between. A cursor on the newest step or [step, index] would
-    # have skipped A's rows for good. (A writes the rows only: the sink's counters on the run
-    # row would make B wait for A's commit, which is not the case under test.)
+    # As for events: writer A draws the first ids of a metric row and a trajectory and commits
+    # last; writer B (the attempt's sink) writes a later step and commits in between. A cursor
+    # on the newest step or [step, index] would have skipped A's rows for good. (A writes the
+    # rows only: the sink's counters on the run row would make B wait for A's commit, which is
+    # not the case under test.)
     client = client_as(OWNER)
-    a_wrote, a_may_commit = threading.Event(), threading.Event()
 
-    def writer_a() -> None:
-        try:
-            with transaction.atomic():
-                MetricRow.objects.create(run_id=attempt.run_id, step=1, values=train_metrics(1))
-                copy_trajectory_rows(
-                    [trajectory_row(attempt.run_id, attempt.pk, 0, trajectory(1, 0), now())]
-                )
-                services.notify(attempt.run, "run.metrics", {"step": 1}, wait=False)
-                a_wrote.set()
-                assert a_may_commit.wait(10)
-            flush_soon()
-        finally:
-            connections.close_all()
+    def write_a() -> None:
+        MetricRow.objects.create(run_id=attempt.run_id, step=1, values=train_metrics(1))
+        copy_trajectory_rows(
+            [trajectory_row(attempt.run_id, attempt.pk, 0, trajectory(1, 0), now())]
+        )
+        services.notify(attempt.run, "run.metrics", {"step": 1}, wait=False)
 
     async def scenario() -> list[dict[str, Any]]:
         communicator = socket(client, attempt.run_id)
         assert (await communicator.connect(timeout=10))[0]
         messages = [await communicator.receive_json_from(timeout=10)]
-        a = asyncio.get_running_loop().run_in_executor(None, writer_a)
-        assert await asyncio.to_thread(a_wrote.wait, 10)
-        sink = ConsoleSink(attempt)
-        await sync_to_async(sink.metrics)(2, train_metrics(2))
-        await write(sink, "trajectories", [trajectory(2, 0)])
-        # B's rows are sent while A's transaction is still open (one delta or two).
-        while not messages[-1]["trajectories"]:
-            messages.append(await communicator.receive_json_from(timeout=10))
-        assert await communicator.receive_nothing(timeout=0.3)
-        b_count = len(messages)
-        a_may_commit.set()
-        await a
+        with writer_a_open(write_a) as commit_a:
+            sink = ConsoleSink(attempt)
+            await sync_to_async(sink.metrics)(2, train_metrics(2))
+            await write(sink, "trajectories", [trajectory(2, 0)])
+            # B's rows are sent while A's transaction is still open (one delta or two).
+            while not messages[-1]["trajectories"]:
+                messages.append(await communicator.receive_json_from(timeout=10))
+            assert await communicator.receive_nothing(timeout=0.3)
+            b_count = len(messages)
+            await asyncio.to_thread(commit_a)
         messages.append(await communicator.receive_json_from(timeout=10))
         assert await communicator.receive_nothing(timeout=0.3)
         await communicator.disconnect()
@@ -475,35 +498,36 @@ def test_a_metric_and_a_trajectory_committed_after_newer_ones_were_shown_are_sti
     assert stored[0].pk < stored[1].pk  # A's row has the smaller id: out of id order
 
 
+def test_a_page_too_far_behind_gets_a_snapshot_of_the_same_moment(
+    attempt: Attempt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The delta turns into a snapshot inside its own transaction, which the snapshot joins.
+    monkeypatch.setattr(live, "DELTA_MAX_STEPS", 3)
+    sink = ConsoleSink(attempt)
+    sink.metrics(1, train_metrics(1))
+    start = live.snapshot(attempt.run_id)
+    for step in range(2, 7):
+        sink.metrics(step, train_metrics(step))
+    sink.event("test.a", {})
+    message = live.delta(attempt.run_id, start["cursors"])
+    assert message["type"] == "snapshot"
+    assert [step for step, _ in message["series"]["reward/mean"]] == [1, 2, 3, 4, 5, 6]
+    assert [e["kind"] for e in message["events"]] == ["test.a"]
+    assert live.delta(attempt.run_id, message["cursors"])["events"] == []
+
+
 def test_past_its_bound_of_sent_transactions_a_cursor_holds_newer_ones_back_until_the_horizon_moves(
     attempt: Attempt, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A long transaction A keeps the horizon back while B, C and D commit; the cursor may
     # record two sent transactions, so D waits (held_back) until A ends.
     monkeypatch.setattr(live, "MAX_SENT_XIDS", 2)
-    a_wrote, a_may_commit = threading.Event(), threading.Event()
-
-    def writer_a() -> None:
-        try:
-            with transaction.atomic():
-                ConsoleSink(attempt).event("test.a", {})
-                a_wrote.set()
-                assert a_may_commit.wait(10)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=writer_a)
-    thread.start()
-    try:
-        assert a_wrote.wait(10)
+    with writer_a_open(lambda: ConsoleSink(attempt).event("test.a", {})):
         start = live.snapshot(attempt.run_id)
         for kind in ("test.b", "test.c", "test.d"):
             ConsoleSink(attempt).event(kind, {})
         first = live.delta(attempt.run_id, start["cursors"])
         again = live.delta(attempt.run_id, first["cursors"])
-    finally:
-        a_may_commit.set()
-        thread.join()
     last = live.delta(attempt.run_id, again["cursors"])
     assert [e["kind"] for e in first["events"]] == ["test.b", "test.c"]
     assert first["held_back"] and len(first["cursors"]["event_sent"]) == 2
@@ -519,26 +543,9 @@ def test_the_events_api_polled_by_the_last_id_misses_no_event_committed_out_of_i
     # list by id would have given B, and the next poll (after B's id) would have skipped A.
     api = api_client_as(OWNER)
     url = f"/api/runs/{attempt.run_id}/events"
-    a_wrote, a_may_commit = threading.Event(), threading.Event()
-
-    def writer_a() -> None:
-        try:
-            with transaction.atomic():
-                ConsoleSink(attempt).event("test.a", {})
-                a_wrote.set()
-                assert a_may_commit.wait(10)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=writer_a)
-    thread.start()
-    try:
-        assert a_wrote.wait(10)
+    with writer_a_open(lambda: ConsoleSink(attempt).event("test.a", {})):
         ConsoleSink(attempt).event("test.b", {})
         polls = [api.get(f"{url}?after=0").json()]
-    finally:
-        a_may_commit.set()
-        thread.join()
     while True:
         after = next((p[-1]["id"] for p in reversed(polls) if p), 0)
         polls.append(api.get(f"{url}?after={after}").json())

@@ -3,10 +3,15 @@ merging, resume clean-up, commands delivered once."""
 
 from __future__ import annotations
 
+import io
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection, connections, transaction
 
 from console.runs import services
 from console.runs.models import (
@@ -182,3 +187,224 @@ def test_a_sample_with_a_nul_character_is_stored_with_the_rest_of_its_batch(atte
     assert len(rows) == 2
     assert rows[0].data["completion"] == "\\boxed{even}\ufffd"
     assert rows[0].data["messages"][0]["content"] == "even\ufffd \\u0000 stays text"
+
+
+# --- an old attempt's job after the run moved on ------------------------------------------------
+
+
+def resumed(attempt: Attempt, at_step: int) -> Attempt:
+    """`attempt` lost (what the sweep does when its host goes silent, while its job may keep
+    going), and the run resumed on attempt 2 from the checkpoint of `at_step`."""
+    Attempt.objects.filter(pk=attempt.pk).update(state="lost", outcome="lost")
+    second = attempt_create(attempt.run, attempt.host, number=2, state="running")
+    ConsoleSink(second).event("run.started", {"step": at_step, "spec": None})
+    return second
+
+
+def test_a_stale_attempts_writes_are_refused_whole_and_the_current_ones_land(attempt):
+    old = ConsoleSink(attempt)
+    for step in (1, 2, 3):
+        old.trajectories([trajectory(step, 0), trajectory(step, 1)])
+        old.metrics(step, {"reward/mean": float(step)})
+    old.checkpoint({"step": 2, "path": "/ckpt/step-2", "reason": "periodic", "policy_version": 2})
+    second = resumed(attempt, at_step=2)
+    new = ConsoleSink(second)
+    before = (
+        list(TrajectoryRecord.objects.values_list("pk", flat=True)),
+        list(MetricRow.objects.values_list("step", "values")),
+        list(RunEvent.objects.values_list("pk", flat=True)),
+        list(Checkpoint.objects.values_list("pk", flat=True)),
+        Run.objects.values_list("trajectories_stored", "last_step").get(pk=attempt.run_id),
+    )
+    # The old job goes on with steps 3 and 4, and a restart of its own would wipe the run.
+    writes = [
+        lambda: old.trajectories([trajectory(3, 0), trajectory(4, 0)]),
+        lambda: old.metrics(3, {"reward/mean": 30.0}),
+        lambda: old.event("step.timeline", {"step": 4, "step_s": 1.0, "stages": []}),
+        lambda: old.checkpoint({"step": 4, "path": "/ckpt/step-4"}),
+        lambda: old.event("run.started", {"step": 0, "spec": None}),
+        lambda: old.event("sink.trajectories_dropped", {"dropped": 3}),
+    ]
+    for write in writes:
+        with pytest.raises(services.AttemptNotCurrent, match="attempt 2 is"):
+            write()
+    refusal = RunEvent.objects.get(kind="sink.refused")  # once, for the first refused write
+    after = (
+        list(TrajectoryRecord.objects.values_list("pk", flat=True)),
+        list(MetricRow.objects.values_list("step", "values")),
+        list(RunEvent.objects.exclude(pk=refusal.pk).values_list("pk", flat=True)),
+        list(Checkpoint.objects.values_list("pk", flat=True)),
+        Run.objects.values_list("trajectories_stored", "last_step").get(pk=attempt.run_id),
+    )
+    assert after == before, "a refused write left something behind"
+    assert refusal.attempt_id == attempt.pk and refusal.step is None
+    assert refusal.data["refused"] == "trajectories" and refusal.data["at_step"] == 4
+    assert "attempt 1 of run" in refusal.data["reason"] and "is lost" in refusal.data["reason"]
+    assert Run.objects.get(pk=attempt.run_id).dropped_trajectories == 0
+    assert old.refused == refusal.data["reason"]
+    # The current attempt's writes land, and the run's metrics run on without a gap.
+    for step in (3, 4):
+        new.trajectories([trajectory(step, 0), trajectory(step, 1)])
+        new.metrics(step, {"reward/mean": float(step) + 0.5})
+    new.event("step.timeline", {"step": 4, "step_s": 1.0, "stages": []})
+    rows = dict(MetricRow.objects.filter(run=attempt.run).values_list("step", "values"))
+    assert rows == {
+        1: {"reward/mean": 1.0},
+        2: {"reward/mean": 2.0},
+        3: {"reward/mean": 3.5},
+        4: {"reward/mean": 4.5},
+    }
+    stored = TrajectoryRecord.objects.filter(run=attempt.run)
+    assert sorted(stored.values_list("step", "attempt__number")) == [
+        (1, 1), (1, 1), (2, 1), (2, 1), (3, 2), (3, 2), (4, 2), (4, 2),
+    ]  # fmt: skip
+    assert Run.objects.values_list("trajectories_stored", "last_step").get(pk=attempt.run_id) == (
+        8,
+        4,
+    )
+    assert not new.refused
+
+
+def test_a_stale_attempts_control_stops_its_job_and_leaves_the_commands_to_the_current_one(
+    attempt, people
+):
+    second = resumed(attempt, at_step=0)
+    run = Run.objects.get(pk=attempt.run_id)
+    run.state = "running"
+    run.save()
+    services.run_command(
+        actor=people.owner, run=run, kind="overrides", payload={"temperature": 0.7}
+    )
+    stale = ConsoleControl(attempt)
+    decision = stale.poll(5)
+    # Cancelled, not preempted: no checkpoint of its own over the current attempt's.
+    assert decision.cancel and not decision.preempt and decision.overrides.is_empty()
+    assert "attempt 1 of run" in decision.reason and "attempt 2 is" in decision.reason
+    assert stale.refused == decision.reason
+    assert run.commands.get().delivered_at is None
+    current = ConsoleControl(second).poll(1)
+    assert current.overrides.temperature == 0.7 and not current.cancel
+    assert run.commands.get().delivered_to_id == second.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ending_an_attempt_waits_for_its_write_in_flight_and_the_next_write_is_refused(attempt):
+    # The write's transaction holds the attempt current: the attempt's end (here the job's
+    # report; the sweep locks it the same way) waits for the write's commit, with no deadlock
+    # between the two, and the write after it is refused.
+    sink = ConsoleSink(attempt)
+    in_flight, may_commit = threading.Event(), threading.Event()
+    ended: list[bool] = []
+
+    def writer() -> None:
+        try:
+            with transaction.atomic():
+                sink.trajectories([trajectory(1, 0)])
+                sink.metrics(1, {"reward/mean": 1.0})
+                in_flight.set()
+                assert may_commit.wait(10)
+        finally:
+            connections.close_all()
+
+    def end() -> None:
+        try:
+            ended.append(
+                services.attempt_finished(attempt_id=attempt.pk, status="preempted", step=1)
+            )
+        finally:
+            connections.close_all()
+
+    def waiting_for_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+            return cursor.fetchone()[0] > 0
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=end)]
+    threads[0].start()
+    try:
+        assert in_flight.wait(10)
+        threads[1].start()
+        deadline = time.monotonic() + 30
+        while not waiting_for_a_lock():
+            assert time.monotonic() < deadline, "the attempt's end did not wait for the write"
+            time.sleep(0.02)
+        assert Attempt.objects.get(pk=attempt.pk).state == "running"
+    finally:
+        may_commit.set()
+        for thread in threads:
+            if thread.is_alive() or thread.ident:
+                thread.join(30)
+    assert ended == [True]
+    assert Attempt.objects.get(pk=attempt.pk).state == "preempted"
+    assert list(MetricRow.objects.filter(run=attempt.run).values_list("step", flat=True)) == [1]
+    assert TrajectoryRecord.objects.filter(run=attempt.run).count() == 1
+    with pytest.raises(services.AttemptNotCurrent, match="is preempted"):
+        sink.metrics(2, {"reward/mean": 2.0})
+    assert list(MetricRow.objects.filter(run=attempt.run).values_list("step", flat=True)) == [1]
+
+
+class LostAfterStep2:
+    """The job's Control wrapper (``RUNS_CONTROL_WRAPPER``) for the next test: after step 2
+    (asked with the steps done), once that step is stored, what the sweep does when the job's
+    host goes silent while the job goes on: attempt 1 is lost and the run resumes on attempt 2,
+    elsewhere."""
+
+    def __init__(self, attempt: Attempt, control: Any) -> None:
+        self.attempt, self.control = attempt, control
+
+    def poll(self, step: int) -> Any:
+        if step == 2 and Attempt.objects.filter(pk=self.attempt.pk, state="running").exists():
+            stored = RunEvent.objects.filter(run_id=self.attempt.run_id, kind="step.timeline")
+            deadline = time.monotonic() + 60
+            while not stored.filter(step=2).exists():  # step 2's last record, delivered
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            Attempt.objects.filter(pk=self.attempt.pk).update(state="lost", outcome="lost")
+            elsewhere = Host.objects.create(name="elsewhere", cpu_slots=1)
+            attempt_create(self.attempt.run, elsewhere, number=2, state="running")
+        return self.control.poll(step)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_job_whose_attempt_was_lost_stops_before_its_next_step_without_reporting(
+    attempt, tmp_path, settings
+):
+    # The real job (`manage.py run_attempt`, the training loop on a tiny model) with the
+    # console's Sink and Control: once its attempt is no longer current, its Control cancels it
+    # at the next step, its last writes are refused, and it ends cleanly (no failure recorded,
+    # nothing over the current attempt's record).
+    from django.core.management import call_command
+
+    from tests.training.conftest import build_tiny_model, tiny_spec
+
+    spec = tiny_spec(build_tiny_model(tmp_path / "model"), tmp_path, max_steps=3)
+    Run.objects.filter(pk=attempt.run_id).update(spec=spec, state="scheduled", max_steps=3)
+    Attempt.objects.filter(pk=attempt.pk).update(state="starting")
+    settings.RUNS_CONTROL_WRAPPER = f"{__name__}.LostAfterStep2"
+    out = io.StringIO()
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        call_command("run_attempt", attempt.pk, stdout=out)  # returns: no SystemExit
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        with connection.cursor() as cursor:  # the job's sink thread's connection, left open
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+    first, second = Attempt.objects.filter(run_id=attempt.run_id).order_by("number")
+    assert (first.state, first.outcome, first.error) == ("lost", "lost", "")
+    assert second.state == "running"
+    assert "attempt 1: stopped at step 2: attempt 1 of run" in out.getvalue()
+    assert "(attempt 2 is)" in out.getvalue()
+    steps = MetricRow.objects.filter(run_id=attempt.run_id).values_list("step", flat=True)
+    assert sorted(steps) == [1, 2]
+    kinds = list(RunEvent.objects.filter(run_id=attempt.run_id).values_list("kind", flat=True))
+    assert "run.cancelled" not in kinds and not any(k.startswith("attempt.") for k in kinds)
+    refusal = RunEvent.objects.get(run_id=attempt.run_id, kind="sink.refused")
+    assert refusal.data["refused"] == "run.cancelled" and refusal.attempt_id == first.pk
+    assert Run.objects.get(pk=attempt.run_id).state == "running"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from console.runs.models import Host, Run
+from console.runs.models import Allocation, Attempt, Host, Run
 from console.runs.sink import ConsoleSink
 from tests.console.factories import attempt_create
 from tests.console.test_runs_explorer import observation, trajectory
@@ -30,7 +30,8 @@ def run(people: Any, tmp_path: Path) -> Run:
         model_version=version,
     )  # fmt: skip
     host = Host.objects.create(name="h", cpu_slots=1)
-    attempt = attempt_create(run, host, state="completed")
+    # Written while running (the sink writes for the run's live attempt only), then ended.
+    attempt = attempt_create(run, host, state="running")
     sink = ConsoleSink(attempt)
     long = "Let me think. " * 40 + "\\boxed{even}"
     for step in (1, 2, 3):
@@ -59,6 +60,8 @@ def run(people: Any, tmp_path: Path) -> Run:
             for reward in (0.0, 1.0, 0.5)
         ]
     )  # fmt: skip
+    Attempt.objects.filter(pk=attempt.pk).update(state="completed")
+    Allocation.objects.filter(attempt=attempt).update(state="exited")
     return run
 
 

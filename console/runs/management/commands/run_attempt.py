@@ -4,7 +4,10 @@ spec, resumes from the checkpoint the attempt was given, and calls
 ``training.run(spec, ConsoleSink(attempt), ConsoleControl(attempt))``; then records the outcome.
 Ranks other than 0 (under torchrun, or on a gang's other hosts) report nothing: rank 0 speaks
 for the job. In a gang, rank 0 does not report a failure that another node's death caused:
-the agents end the attempt as that node's death, and the run resumes.
+the agents end the attempt as that node's death, and the run resumes. A job whose attempt
+is no longer its run's current one (lost, and the run moved on) stops without reporting: its
+writes and its commands are refused (`console.runs.sink`), and the outcome is the newer
+attempt's to record.
 """
 
 from __future__ import annotations
@@ -61,11 +64,13 @@ class Command(BaseCommand):
         data = dict(attempt.run.spec)
         data["checkpoint"] = {**data.get("checkpoint", {}), "resume": attempt.resume_from or "none"}
         spec = RunSpec.from_dict(data)
+        refusals: list[Any] = []  # what says, after the run, that the attempt was not current
         if rank == 0:
             # SIGTERM (the agent's first step when a preemption is approved) is a preempt too:
             # checkpoint, then stop. Installed before the attempt is marked running, which is
             # when the agent may send it.
             control: Any = ConsoleControl(attempt)
+            refusals.append(control)
             if settings.RUNS_CONTROL_WRAPPER:
                 control = import_string(settings.RUNS_CONTROL_WRAPPER)(attempt, control)
             control = SignalControl(control, signals=(signal.SIGTERM,))
@@ -76,10 +81,19 @@ class Command(BaseCommand):
                 + (f", resuming from {attempt.resume_from}" if attempt.resume_from else "")
             )
             sink: Any = ConsoleSink(attempt)
+            refusals.append(sink)
         else:
             sink, control = NullSink(), StaticControl()
         outcome = training.run(spec, sink, control)
         if rank != 0:
+            return
+        refused = next((r.refused for r in refusals if r.refused), "")
+        if refused:
+            # Not a failure of the run, and nothing for this job to record: a clean stop.
+            self.stdout.write(
+                f"attempt {attempt.number}: stopped at step {outcome.step}: {refused}"
+            )
+            flush_soon()
             return
         error = outcome.error or ""
         status = outcome.status
