@@ -876,8 +876,9 @@ class _Pass:
         # free units they would take, best fit, are not counted again
         for v in lane.jobs:
             if v.preemption_pending and len(v.running_on) == 1:
-                units = v.running_on[0].gpus if lane.gpu else v.running_on[0].cpu_slots
-                spots = [(u, d) for d, u in dest.items() if u >= units]
+                a = v.running_on[0]
+                units = a.gpus if lane.gpu else a.cpu_slots
+                spots = [(u, d) for d, u in dest.items() if u >= units and d != a.host]
                 if spots:
                     dest[min(spots)[1]] -= units
         gpu = lane.gpu
@@ -889,7 +890,7 @@ class _Pass:
             deficit = need - have
             movers: list[tuple[int, float, JobView]] = []
             for v in jobs:
-                if len(v.running_on) != 1 or v.run_id in self.victims:
+                if len(v.running_on) != 1 or v.run_id in self.victims or v.preemption_pending:
                     continue
                 vcls = self.classes.get(v.class_name)
                 if (

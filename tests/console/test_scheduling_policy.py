@@ -621,3 +621,12 @@ def test_behind_a_reserved_head_a_move_uses_only_what_runs_past_its_start_may_us
     assert plan.requester_run_id == 5
     assert [v.run_id for v in plan.victims] == [4]
     assert "moving run(s) 4 to h4" in plan.reason
+
+
+def test_a_run_already_stopping_for_another_request_is_not_moved():
+    fleet, jobs = moving_fleet()
+    fleet.append(host("h3", free=4))
+    jobs.append(running(4, {"h3": 4}, class_name="pinned"))
+    jobs[0].preemption_pending = True  # its own request moves it (to h2, say)
+    d = run(fleet, jobs)
+    assert d.preemptions == []
