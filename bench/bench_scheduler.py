@@ -3,6 +3,8 @@ baselines run through the same simulator in the same run.
 
     .venv/bin/python bench/bench_scheduler.py [--jobs 10000] [--seed 14] [--load 0.97]
                                               [--repeat 3]
+    .venv/bin/python bench/bench_scheduler.py --seeds 14-19   # the policy with and without
+                                                              # moves, across seeds
 
 Fleet: 1,000 GPUs on 125 hosts of 8 GPUs in three pools (h200 64 hosts, h100 40, a100 21).
 Work: 10,000 jobs from 500 domains and 20 teams (domains Zipf-distributed over teams); sizes
@@ -25,6 +27,9 @@ each pass the simulator notes where its idle GPUs are while work that may run th
 fragments smaller than any queued job asks, capacity a queued one-host job would fit (held for
 the head of the queue), whole hosts only wider gangs wait for, capacity around a requester
 waiting for its victims to stop.
+The policy runs twice, with moves (runs that just checkpointed are moved to empty the hosts
+a blocked job needs) and without, so what moving gains and what it costs (GPU-hours lost by
+the moved runs) are read from the same run.
 Baselines, same simulator, same jobs: FIFO (arrival order, no backfill, no preemption, a pool's
 first job that does not fit blocks that pool) and strict priority (class, priority, age; same
 blocking rule; this module's own code, not the policy's).
@@ -33,6 +38,7 @@ blocking rule; this module's own code, not the policy's).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import heapq
 import math
@@ -126,6 +132,7 @@ class SimJob:
     epoch: int = 0  # bumped at every start/stop, so stale finish events are ignored
     preemptions: int = 0
     lost_gpu_h: float = 0.0
+    moving: bool = False  # stopping to be moved (a defragmentation plan), not preempted
     finished_at: float | None = None
     victims_of_plan: list[int] = field(default_factory=list)
 
@@ -246,6 +253,9 @@ class Simulation:
         self.last_t = 0.0
         self.preemptions = 0
         self.plans = 0
+        self.moves = 0  # plans that move runs to free whole hosts
+        self.moved = 0  # runs stopped by them
+        self.lost_moving_gpu_h = 0.0
         # where idle GPUs are while work that may run in their pool is queued (GPU-seconds):
         # read from the simulator's own state after each pass, so it holds for any scheduler
         self.idle: dict[str, float] = dict.fromkeys(IDLE_KINDS, 0.0)
@@ -349,7 +359,12 @@ class Simulation:
             return
         saved = math.floor(elapsed / CHECKPOINT_EVERY_S) * CHECKPOINT_EVERY_S
         job.done_s += saved
-        job.lost_gpu_h += width * (elapsed - saved) / 3600.0
+        lost = width * (elapsed - saved) / 3600.0
+        job.lost_gpu_h += lost
+        if job.moving:
+            self.moved += 1
+            self.lost_moving_gpu_h += lost
+            job.moving = False
         job.view.est_remaining_s = max(60.0, (job.work_s - job.done_s) * job.est_factor)
         job.preemptions += 1
         self.preemptions += 1
@@ -392,9 +407,12 @@ class Simulation:
             requester = self.jobs[plan.requester_run_id]
             requester.view.preemption_requested = True
             delay = 0.0 if plan.auto_approved else ADMIN_DELAY_S
+            moving = "moving run(s)" in plan.reason
+            self.moves += moving
             for impact in plan.victims:
                 victim = self.jobs[impact.run_id]
                 victim.view.preemption_pending = True
+                victim.moving = moving
                 grace = CLASSES[victim.view.class_name].grace_s
                 self.push(t + delay + grace, "preempt", impact.run_id, victim.epoch)
         self.note_queue()
@@ -526,6 +544,50 @@ def full_fleet_pass(n_queued: int, seed: int, repeats: int = 30) -> tuple[float,
     return statistics.median(times), max(times), plans
 
 
+def summarize(sim: Simulation, name: str) -> dict:
+    n_gpus = sum(POOLS.values()) * GPUS_PER_HOST
+    jobs = list(sim.jobs.values())
+    assert all(j.finished_at is not None for j in jobs), f"{name}: unfinished jobs"
+    waits = {c: [] for c in CLASSES}
+    team_waits: dict[str, list[float]] = {}
+    for j in jobs:
+        assert j.first_start is not None
+        w = (j.first_start - j.arrival) / 60.0
+        waits[j.view.class_name].append(w)
+        team_waits.setdefault(j.view.team, []).append(w)
+    team_means = [statistics.fmean(v) for v in team_waits.values()]
+    gang_waits = [(j.first_start or 0.0) - j.arrival for j in jobs if j.view.hosts > 1]
+    gang_waits = [w / 3600.0 for w in gang_waits]
+    end = max(j.finished_at or 0.0 for j in jobs)
+    return {
+        "passes": len(sim.decision_s),
+        "p50": pct(sim.decision_s, 0.5) * 1000,
+        "p99": pct(sim.decision_s, 0.99) * 1000,
+        "cpu50": pct(sim.decision_cpu_s, 0.5) * 1000,
+        "cpu99": pct(sim.decision_cpu_s, 0.99) * 1000,
+        "best50": pct(sim.decision_best_s, 0.5) * 1000,
+        "best99": pct(sim.decision_best_s, 0.99) * 1000,
+        "util_queued": sim.busy_queued_gpu_s / (n_gpus * sim.queued_s) * 100,
+        "util": sim.busy_gpu_s / (n_gpus * end) * 100,
+        "util_pool": sim.pool_busy_gpu_s / sim.pool_cap_gpu_s * 100,
+        "idle": {k: v / sim.pool_cap_gpu_s * 100 for k, v in sim.idle.items()},
+        "work_gpu_h": sum(j.view.gpus * j.view.hosts * j.work_s for j in jobs) / 3600.0,
+        "waits": {c: (statistics.fmean(v), pct(v, 0.95)) for c, v in waits.items()},
+        "team_best": min(team_means),
+        "team_worst": max(team_means),
+        "jain": jain(team_means),
+        "lost": sum(j.lost_gpu_h for j in jobs),
+        "preemptions": sim.preemptions,
+        "plans": sim.plans,
+        "makespan_h": end / 3600.0,
+        "moves": sim.moves,
+        "moved": sim.moved,
+        "lost_moving": sim.lost_moving_gpu_h,
+        # gangs wait longest (they gather hosts): their tail shows starvation, if any
+        "gang_wait_h": (pct(gang_waits, 0.95), max(gang_waits, default=0.0)),
+    }
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -535,6 +597,65 @@ def pct(values: list[float], q: float) -> float:
 
 def jain(xs: list[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 1.0
+
+
+def one_seed(seed: int, n_jobs: int, load: float, moves: bool) -> dict:
+    workload, quotas = make_workload(n_jobs, seed, load)
+    sim = Simulation(workload, quotas, functools.partial(schedule, moves=moves))
+    sim.run()
+    return summarize(sim, f"seed {seed}")
+
+
+def across_seeds(args: argparse.Namespace) -> int:
+    """Utilisation per pool while queued (the aim), with and without moves, over seeds."""
+    import concurrent.futures
+
+    first, _, last = args.seeds.partition("-")
+    seeds = list(range(int(first), int(last or first) + 1))
+    load_before = os.getloadavg()
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
+        runs = {
+            (seed, moves): pool.submit(one_seed, seed, args.jobs, args.load, moves)
+            for seed in seeds
+            for moves in (False, True)
+        }
+        results = {key: future.result() for key, future in runs.items()}
+    print(f"{args.jobs} jobs, offered load {args.load}; the policy without / with moves")
+    print(
+        "seed | per pool while queued | fleet while queued | lost GPU-h (by moves) | "
+        "moves | gang wait p95 / max | batch wait mean"
+    )
+    for seed in seeds:
+        off, on = results[(seed, False)], results[(seed, True)]
+        print(
+            f"{seed} | {off['util_pool']:.1f} / {on['util_pool']:.1f} % | "
+            f"{off['util_queued']:.1f} / {on['util_queued']:.1f} % | "
+            f"{off['lost']:.0f} / {on['lost']:.0f} ({on['lost_moving']:.0f}) | {on['moves']} | "
+            f"{off['gang_wait_h'][0]:.1f} / {off['gang_wait_h'][1]:.1f} h, "
+            f"{on['gang_wait_h'][0]:.1f} / {on['gang_wait_h'][1]:.1f} h | "
+            f"{off['waits']['batch'][0]:.0f} / {on['waits']['batch'][0]:.0f} min"
+        )
+    for label, key in (("per pool", "util_pool"), ("fleet", "util_queued")):
+        for moves in (False, True):
+            values = [results[(seed, moves)][key] for seed in seeds]
+            print(
+                f"{label}, {'with' if moves else 'without'} moves: mean "
+                f"{statistics.fmean(values):.2f} %, min {min(values):.2f} %"
+            )
+    for moves in (False, True):
+        lost = [results[(seed, moves)]["lost"] for seed in seeds]
+        work = [results[(seed, moves)]["work_gpu_h"] for seed in seeds]
+        print(
+            f"lost to preemption, {'with' if moves else 'without'} moves: "
+            f"{sum(lost):.0f} GPU-h ({sum(lost) / sum(work) * 100:.2f} % of the work)"
+        )
+    print(
+        "load average (1 / 5 / 15 min) at the start: "
+        + " / ".join(f"{x:.2f}" for x in load_before)
+        + ", at the end: "
+        + " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    return 0
 
 
 def main() -> int:
@@ -549,7 +670,14 @@ def main() -> int:
         help="calls of each pass (same input) for the best-of wall time; the first is the one "
         "applied and the one the plain wall and CPU figures time",
     )
+    parser.add_argument(
+        "--seeds",
+        help="e.g. 14-19: only the policy with and without moves, one run per seed (two at a "
+        "time), and the utilisation table across seeds",
+    )
     args = parser.parse_args()
+    if args.seeds:
+        return across_seeds(args)
     load_before = os.getloadavg()
 
     workload, quotas = make_workload(args.jobs, args.seed, args.load)
@@ -565,6 +693,8 @@ def main() -> int:
     contenders: list[tuple[str, Scheduler]] = [
         ("FIFO", blocking_baseline(lambda j: (j.queued_at, j.run_id))),
         ("strict priority", blocking_baseline(strict_key)),
+        # the same policy with moves switched off: what moving runs gains, and costs
+        ("policy, no moves", functools.partial(schedule, moves=False)),
         ("policy", schedule),
     ]
     n_gpus = sum(POOLS.values()) * GPUS_PER_HOST
@@ -578,40 +708,8 @@ def main() -> int:
         wall = time.perf_counter()
         sim.run()
         wall = time.perf_counter() - wall
-        jobs = list(sim.jobs.values())
-        assert all(j.finished_at is not None for j in jobs), f"{name}: unfinished jobs"
-        waits = {c: [] for c in CLASSES}
-        team_waits: dict[str, list[float]] = {}
-        for j in jobs:
-            assert j.first_start is not None
-            w = (j.first_start - j.arrival) / 60.0
-            waits[j.view.class_name].append(w)
-            team_waits.setdefault(j.view.team, []).append(w)
-        team_means = [statistics.fmean(v) for v in team_waits.values()]
-        end = max(j.finished_at or 0.0 for j in jobs)
-        results[name] = {
-            "passes": len(sim.decision_s),
-            "p50": pct(sim.decision_s, 0.5) * 1000,
-            "p99": pct(sim.decision_s, 0.99) * 1000,
-            "cpu50": pct(sim.decision_cpu_s, 0.5) * 1000,
-            "cpu99": pct(sim.decision_cpu_s, 0.99) * 1000,
-            "best50": pct(sim.decision_best_s, 0.5) * 1000,
-            "best99": pct(sim.decision_best_s, 0.99) * 1000,
-            "util_queued": sim.busy_queued_gpu_s / (n_gpus * sim.queued_s) * 100,
-            "util": sim.busy_gpu_s / (n_gpus * end) * 100,
-            "util_pool": sim.pool_busy_gpu_s / sim.pool_cap_gpu_s * 100,
-            "idle": {k: v / sim.pool_cap_gpu_s * 100 for k, v in sim.idle.items()},
-            "work_gpu_h": sum(j.view.gpus * j.view.hosts * j.work_s for j in jobs) / 3600.0,
-            "waits": {c: (statistics.fmean(v), pct(v, 0.95)) for c, v in waits.items()},
-            "team_best": min(team_means),
-            "team_worst": max(team_means),
-            "jain": jain(team_means),
-            "lost": sum(j.lost_gpu_h for j in jobs),
-            "preemptions": sim.preemptions,
-            "plans": sim.plans,
-            "makespan_h": end / 3600.0,
-            "wall": wall,
-        }
+        results[name] = summarize(sim, name)
+        results[name]["wall"] = wall
         print(f"  {name}: simulated in {wall:.1f} s", flush=True)
 
     names = [n for n, _ in contenders]
@@ -646,9 +744,15 @@ def main() -> int:
         ),
         ("Jain fairness of team mean waits", lambda r: f"{r['jain']:.2f}"),
         ("preemption plans / victims stopped", lambda r: f"{r['plans']} / {r['preemptions']}"),
+        ("of them moves / runs moved", lambda r: f"{r['moves']} / {r['moved']}"),
         (
             "GPU-hours lost to preemption",
             lambda r: f"{r['lost']:.0f} ({r['lost'] / r['work_gpu_h'] * 100:.2f} % of the work)",
+        ),
+        ("of them by moved runs", lambda r: f"{r['lost_moving']:.0f}"),
+        (
+            "gang wait p95 / max",
+            lambda r: f"{r['gang_wait_h'][0]:.1f} / {r['gang_wait_h'][1]:.1f} h",
         ),
     ]
     widths = [max(len(label) for label, _ in rows)] + [max(16, len(n)) for n in names]

@@ -138,10 +138,16 @@ class Decisions:
 # hold the fewest non-borrowers, then cost least, then have fewest victims. Only a team's first
 # blocked job per lane searches in a pass, and a failed search is remembered for jobs it
 # dominates, so a long queue behind a full pool costs little.
+#
+# Moves: a blocked job that no preemption serves may have one-host runs moved (checkpointed,
+# stopped, restarted at once in other hosts' free units) to empty the hosts it needs, when the
+# free units are there but in fragments; the moved runs' class policy must auto-approve it
+# (`_Pass.try_move`). It is filed as a preemption plan and goes through the same approval path.
 
 _INF = float("inf")
 PREEMPTION_SEARCHES = 4  # per lane (pool and resource) and pass
 AHEAD_IN_ESTIMATE = 8  # queued jobs a victim's resume estimate plays out before it
+MOVE_SEARCHES = 2  # searches for runs to move, per lane and pass
 
 
 class _Index:
@@ -239,6 +245,8 @@ class _Lane:
         self.reservation: _Reservation | None = None
         self.failed_preemptions: list[tuple[int, int, int, bool]] = []
         self.preempt_tried: set[str] = set()  # teams that tried a preemption here this pass
+        self.moves_tried = 0  # searches for runs to move in this lane in this pass
+        self.unmovable: set[tuple[int, int]] = set()  # shapes no move can free in this pass
         self.unfit: set[tuple[int, int, bool]] = set()  # (units, hosts, past the head's start)
         self._t = now
         self._classes = classes
@@ -398,8 +406,10 @@ class _Pass:
         classes: dict[str, PriorityClass],
         quotas: list[Quota],
         now: float,
+        moves: bool = True,
     ) -> None:
         self.now = now
+        self.moves = moves
         self.classes = classes
         self.decisions = Decisions()
         self.queued: list[JobView] = []
@@ -601,6 +611,9 @@ class _Pass:
             return
         for lane in possible:
             if self.try_preempt(job, lane, need):
+                return
+        for lane in possible if self.moves else ():
+            if self.try_move(job, lane, need):
                 return
         self.wait(job, self.blocked_reason(job, possible, need))
         self.reserve(job, possible, need)
@@ -827,6 +840,114 @@ class _Pass:
         )
         return True
 
+    # -- moving runs to free whole hosts (defragmentation) ---------------------------------
+
+    def try_move(self, job: JobView, lane: _Lane, need: int) -> bool:
+        """Free the hosts a blocked job needs by moving one-host runs off them into the free
+        units of other hosts: each moved run checkpoints, stops, and starts again at once
+        elsewhere (defragmentation). The units are free but scattered, in fragments smaller
+        than what the queue asks per host; unmoved, they idle until enough runs end on one host.
+
+        A move is a preemption request like any other, approved by the moved runs' class
+        policy: a run is moved only when its class would auto-approve it now (it checkpointed
+        recently, and loses the work since), when its class is not above the requester's, and
+        when it runs on one host. With a head reserved in the lane, only what a run past the
+        head's start may use is counted (the moved runs and this job run past it), and the
+        head's hosts are not emptied. Runs still stopping for earlier requests get their places
+        first. At most MOVE_SEARCHES searches per lane and pass; a shape no move frees is not
+        searched again in the pass."""
+        cls = self.classes.get(job.class_name)
+        n = job.hosts
+        if cls is None or lane.moves_tried >= MOVE_SEARCHES or (need, n) in lane.unmovable:
+            return False
+        lane.moves_tried += 1
+        res = lane.reservation
+        # with a head reserved, what a run past its start may use: the moved runs and this job
+        # run past it (the vacated hosts are never the head's)
+        free = res.long.free if res is not None else lane.now.free
+        if sum(free.values()) < need * n:  # moves keep the units in use as they are
+            lane.unmovable.add((need, n))
+            return False
+        take = [h for _, h in sorted((u, h) for h, u in free.items() if u >= need)[:n]]
+        dest = {h: u for h, u in free.items() if u > 0}
+        for h in take:
+            dest[h] -= need
+        # runs still stopping for earlier requests (moved, or preempted) need places too: the
+        # free units they would take, best fit, are not counted again
+        for v in lane.jobs:
+            if v.preemption_pending and len(v.running_on) == 1:
+                a = v.running_on[0]
+                units = a.gpus if lane.gpu else a.cpu_slots
+                spots = [(u, d) for d, u in dest.items() if u >= units and d != a.host]
+                if spots:
+                    dest[min(spots)[1]] -= units
+        gpu = lane.gpu
+        options: list[tuple[tuple[int, float], str, list[tuple[int, JobView]]]] = []
+        for h, jobs in lane.running.items():
+            have = free.get(h, 0)
+            if have >= need or lane.total[h] < need or (res is not None and h in res.slack):
+                continue
+            deficit = need - have
+            movers: list[tuple[int, float, JobView]] = []
+            for v in jobs:
+                if len(v.running_on) != 1 or v.run_id in self.victims or v.preemption_pending:
+                    continue
+                vcls = self.classes.get(v.class_name)
+                if (
+                    vcls is None
+                    or not vcls.preemptible
+                    or vcls.value > cls.value
+                    or not _auto_approves(vcls, v)
+                ):
+                    continue
+                a = v.running_on[0]
+                movers.append((a.gpus if gpu else a.cpu_slots, _victim_cost(v), v))
+            if sum(m[0] for m in movers) < deficit:
+                continue
+            # the fewest units that cover the deficit: one run that does, or the largest first
+            movers.sort(key=lambda m: (-m[0], m[1]))
+            alone = [m for m in movers if m[0] >= deficit]
+            chosen = [min(alone, key=lambda m: (m[0], m[1]))] if alone else []
+            if not chosen:
+                got = 0
+                for m in movers:
+                    chosen.append(m)
+                    got += m[0]
+                    if got >= deficit:
+                        break
+            moved = sum(m[0] for m in chosen)
+            options.append(((moved, sum(m[1] for m in chosen)), h, [(m[0], m[2]) for m in chosen]))
+        options.sort(key=lambda o: (o[0], o[1]))
+        vacated: list[str] = []
+        victims: list[JobView] = []
+        landing: dict[str, int] = {}  # host -> units held there for the moved runs
+        for _, h, moving in options:
+            if len(take) + len(vacated) == n:
+                break
+            if dest.get(h, 0) < free.get(h, 0):
+                continue  # moved runs (this plan's or stopping ones) are to land on it
+            # each moved run, largest first, to the fullest host it fits (best fit)
+            trial = dict(dest)
+            trial.pop(h, None)
+            for units, _v in sorted(moving, key=lambda c: -c[0]):
+                spots = [(u, d) for d, u in trial.items() if u >= units]
+                if not spots:
+                    break
+                trial[min(spots)[1]] -= units
+            else:
+                for d, u in trial.items():
+                    if u != dest[d]:
+                        landing[d] = landing.get(d, 0) + dest[d] - u
+                dest = trial
+                vacated.append(h)
+                victims.extend(v for _, v in moving)
+        if len(take) + len(vacated) < n or not victims:
+            lane.unmovable.add((need, n))
+            return False
+        hosts = take + vacated
+        self.file_plan(job, lane, need, hosts, victims, False, moved_to=landing)
+        return True
+
     def pinned_demand(self, lane: _Lane) -> int:
         """Units wanted by the queued jobs that can only run in this lane's pool."""
         demand = self._pinned.get((lane.pool, lane.gpu))
@@ -945,6 +1066,7 @@ class _Pass:
         hosts: list[str],
         victims: list[JobView],
         reclaim: bool,
+        moved_to: dict[str, int] | None = None,
     ) -> None:
         victim_ids = {v.run_id for v in victims}
         self.victims |= victim_ids
@@ -979,16 +1101,29 @@ class _Pass:
                 )
             )
         names = ", ".join(str(v.run_id) for v in sorted(victims, key=lambda v: v.run_id))
-        why = (
-            f"reclaiming team {job.team}'s quota in pool {lane.pool} from borrowing run(s) {names}"
-            if reclaim
-            else f"class {job.class_name} needs {job.hosts}x{need} {lane.unit} in pool "
-            f"{lane.pool}: preempting run(s) {names}"
-        )
+        if moved_to is not None:
+            why = (
+                f"needs {job.hosts}x{need} {lane.unit} in pool {lane.pool}, free only in "
+                f"fragments: moving run(s) {names} to {', '.join(sorted(moved_to))}"
+            )
+        elif reclaim:
+            why = (
+                f"reclaiming team {job.team}'s quota in pool {lane.pool} from borrowing run(s) "
+                f"{names}"
+            )
+        else:
+            why = (
+                f"class {job.class_name} needs {job.hosts}x{need} {lane.unit} in pool "
+                f"{lane.pool}: preempting run(s) {names}"
+            )
         self.decisions.preemptions.append(PreemptionPlan(job.run_id, impacts, auto, why))
         approval = "auto-approved" if auto else "awaiting approval"
         self.wait(job, f"waiting: preemption of run(s) {names} requested ({approval})")
         lane.hold(hosts, need)
+        if moved_to:
+            # the moved runs' new places: kept from the rest of this pass
+            for h, units in moved_to.items():
+                lane.hold([h], units)
         key = (job.team, lane.pool)
         self.usage[key] = self.usage.get(key, 0) + need * job.hosts  # counts against its quota now
         self._shares.pop(job.team, None)
@@ -1001,11 +1136,15 @@ def schedule(
     classes: dict[str, PriorityClass],
     quotas: list[Quota],
     now: float,
+    moves: bool = True,
 ) -> Decisions:
     """One scheduling pass. Queued jobs are those with `running_on == []`.
 
     Placements start now; a job with a preemption plan is not placed in the same pass (it
     starts once its victims have stopped), and a job marked `preemption_requested` gets no
     second plan. Every queued job that is not placed has a reason in `waiting`.
+
+    `moves=False` switches off moving runs to free whole hosts (`_Pass.try_move`): the bench
+    runs the policy both ways on the same jobs, to show what moving gains and what it costs.
     """
-    return _Pass(hosts, jobs, classes, quotas, now).run()
+    return _Pass(hosts, jobs, classes, quotas, now, moves).run()

@@ -79,6 +79,20 @@ def gang_processes(pids: list[int]) -> list[psutil.Process]:
     return left
 
 
+def wait_nodes_ended(cluster: Cluster, attempt: Attempt, what: str) -> None:
+    """Until no node of the attempt is starting or running."""
+    wait_for(
+        lambda: (
+            not Allocation.objects.filter(
+                attempt=attempt, state__in=[AllocationState.STARTING, AllocationState.RUNNING]
+            ).exists()
+        ),
+        timeout=120,
+        what=what,
+        cluster=cluster,
+    )
+
+
 def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     cluster, parity, api_client_as
 ):
@@ -123,16 +137,7 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     # One node's job dies (what the OOM killer does): the whole gang stops and is requeued.
     os.kill(nodes[1].pid or 0, signal.SIGKILL)
     cluster.release("two-hosts", attempt=1)  # rank 0 goes on, and finds its peer gone
-    wait_for(
-        lambda: (
-            not Allocation.objects.filter(
-                attempt=first, state__in=[AllocationState.STARTING, AllocationState.RUNNING]
-            ).exists()
-        ),
-        timeout=120,
-        what="both nodes of the first attempt to exit",
-        cluster=cluster,
-    )
+    wait_nodes_ended(cluster, first, "both nodes of the first attempt to exit")
     first.refresh_from_db()
     assert first.state == "lost" and first.outcome == "died", first.error
     assert "node 1" in first.error
@@ -187,15 +192,8 @@ def test_a_two_host_run_reports_as_one_and_a_dead_node_requeues_the_whole_gang(
     cluster.kill("node-b")
     cluster.start_agent("node-b")
     cluster.release("two-hosts", attempt=3)  # rank 0 goes on, if it is still there
-    wait_for(
-        lambda: (
-            not Allocation.objects.filter(
-                attempt=third, state__in=[AllocationState.STARTING, AllocationState.RUNNING]
-            ).exists()
-        ),
-        timeout=120,
-        what="both nodes of the third attempt to end after node b's agent died",
-        cluster=cluster,
+    wait_nodes_ended(
+        cluster, third, "both nodes of the third attempt to end after node b's agent died"
     )
     third.refresh_from_db()
     assert third.state == "lost", (third.state, third.error)

@@ -532,3 +532,101 @@ def test_a_job_for_any_pool_is_told_what_blocks_it_in_each_pool():
     assert (
         d.waiting[12] == "waiting: pools a100, h100: needs 1 host(s) with 4 free GPUs, 0 available"
     )
+
+
+def moving_fleet(age: float = 60.0, victim_class: str = "batch", h2_used: int = 4):
+    """h1 and h2 half used: run 1 (4 GPUs on h1, last checkpoint `age` ago) may be moved, run 2
+    (on h2, class "pinned": never preempted) may not; run 3 asks for a whole host."""
+    fleet = fleet_using(("h1", 4), ("h2", h2_used))
+    jobs = [
+        running(1, {"h1": 4}, class_name=victim_class, last_checkpoint_age_s=age),
+        running(2, {"h2": h2_used}, class_name="pinned", last_checkpoint_age_s=60.0),
+        job(3, class_name="batch", est_remaining_s=3600.0),
+    ]
+    return fleet, jobs
+
+
+def test_a_run_that_just_checkpointed_is_moved_to_free_a_whole_host():
+    fleet, jobs = moving_fleet()
+    d = run(fleet, jobs)
+    assert placed(d) == {}
+    [plan] = d.preemptions
+    assert plan.requester_run_id == 3
+    assert [v.run_id for v in plan.victims] == [1]
+    assert plan.auto_approved  # its class approves: checkpointed a minute ago
+    assert "moving run(s) 1 to h2" in plan.reason
+    [impact] = plan.victims
+    assert impact.expected_resume_s == 0.0  # h2's 4 free GPUs take it at once
+    assert impact.gpu_hours_since_checkpoint == round(4 * 60.0 / 3600.0, 4)
+    assert d.waiting[3] == "waiting: preemption of run(s) 1 requested (auto-approved)"
+
+
+def test_a_run_is_moved_only_when_its_class_approves_without_a_person():
+    for fleet, jobs in (
+        moving_fleet(age=45 * 60.0),  # batch auto-approves under 30 minutes only
+        moving_fleet(victim_class="research"),  # "ask": a person would have to approve
+    ):
+        d = run(fleet, jobs)
+        assert d.preemptions == []
+        assert d.waiting[3].startswith("waiting: needs 1 host(s) with 8 free GPUs")
+
+
+def test_a_run_is_moved_only_where_it_fits_at_once():
+    def with_h3(h2_used: int):
+        fleet, jobs = moving_fleet(h2_used=h2_used)
+        fleet.append(host("h3", free=3))
+        jobs.append(running(4, {"h3": 5}, class_name="pinned"))
+        return run(fleet, jobs)
+
+    # 10 free GPUs, but in 4 (h1), 3 and 3: the 4-GPU run has nowhere to go
+    assert with_h3(h2_used=5).preemptions == []
+    d = with_h3(h2_used=4)  # h2's 4 free GPUs take it
+    assert [v.run_id for v in d.preemptions[0].victims] == [1]
+
+
+def test_a_run_of_a_higher_class_is_not_moved_and_moves_can_be_switched_off():
+    classes = {
+        **CLASSES,
+        "standard": PriorityClass(
+            "standard", 50, False, True, "auto_recent_checkpoint", auto_approve_minutes=30
+        ),
+    }
+    fleet, jobs = moving_fleet(victim_class="standard")
+    d = schedule(hosts=fleet, jobs=jobs, classes=classes, quotas=[], now=1000.0)
+    assert d.preemptions == []  # a batch run does not move a standard one
+    jobs[2].class_name = "standard"
+    d = schedule(hosts=fleet, jobs=jobs, classes=classes, quotas=[], now=1000.0)
+    assert [v.run_id for v in d.preemptions[0].victims] == [1]
+    d = schedule(hosts=fleet, jobs=jobs, classes=classes, quotas=[], now=1000.0, moves=False)
+    assert d.preemptions == []
+
+
+def test_behind_a_reserved_head_a_move_uses_only_what_runs_past_its_start_may_use():
+    # Run 3, a 2-host gang, is the head: it reserves h1 and h2 (their runs end first) and
+    # starts in 20 minutes. Run 5 runs past that: it may not use h1's free GPUs, and gets run 4
+    # moved from h3 into h4's free GPUs instead, not run 1 into h3's.
+    fleet = fleet_using(("h1", 4), ("h2", 8), ("h3", 4), ("h4", 4))
+    movable = {"class_name": "batch", "last_checkpoint_age_s": 60.0}
+    jobs = [
+        running(1, {"h1": 4}, est_remaining_s=600.0, **movable),
+        running(2, {"h2": 8}, class_name="pinned", est_remaining_s=1200.0),
+        job(3, class_name="batch", hosts=2, est_remaining_s=3600.0),
+        running(4, {"h3": 4}, **movable),
+        running(6, {"h4": 4}, class_name="pinned"),
+        job(5, class_name="batch", est_remaining_s=7200.0),
+    ]
+    d = run(fleet, jobs)
+    assert "behind higher-priority run" not in d.waiting[3]
+    [plan] = d.preemptions
+    assert plan.requester_run_id == 5
+    assert [v.run_id for v in plan.victims] == [4]
+    assert "moving run(s) 4 to h4" in plan.reason
+
+
+def test_a_run_already_stopping_for_another_request_is_not_moved():
+    fleet, jobs = moving_fleet()
+    fleet.append(host("h3", free=4))
+    jobs.append(running(4, {"h3": 4}, class_name="pinned"))
+    jobs[0].preemption_pending = True  # its own request moves it (to h2, say)
+    d = run(fleet, jobs)
+    assert d.preemptions == []
