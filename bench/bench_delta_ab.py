@@ -17,7 +17,6 @@ import importlib.util
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,31 +29,17 @@ def main() -> int:
     parser.add_argument("--old", required=True, help="a checkout of the console to compare")
     parser.add_argument("--reads", type=int, default=100)
     args = parser.parse_args()
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    root = Path(tempfile.mkdtemp(prefix="bench-delta-ab-", dir=ROOT / "var"))
-    services = PrivateServices(root, persistent=False)
-    os.environ.update(services.start(dict(os.environ)))
-    try:
+    with console("bench-delta-ab-"):
         return _bench(Path(args.old) / "console" / "runs" / "live.py", args.reads)
-    finally:
-        services.stop()
 
 
 def _bench(old_path: Path, reads: int) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
-
-    django.setup()
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import transaction
-    from django.utils import timezone
 
-    call_command("migrate", verbosity=0)
-    from console.accounts.models import Team
+    from bench._console import fixture, running_attempt
     from console.runs import live as this_live
-    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
     from console.runs.sink import ConsoleSink
 
     spec = importlib.util.spec_from_file_location("other_live", old_path)
@@ -62,20 +47,9 @@ def _bench(old_path: Path, reads: int) -> int:
     other_live = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(other_live)
 
-    user = get_user_model().objects.create(username="bench")
-    team = Team.objects.create(slug="bench", name="Bench")
-    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
-    version = ModelVersion.objects.create(
-        model=model, number=1, path="/m", status="published", created_by=user,
-        published_at=timezone.now(), published_by=user,
-    )  # fmt: skip
-    run = Run.objects.create(team=team, created_by=user, name="b", request={}, spec={},
-                             pins={}, model_version=version, state="running")  # fmt: skip
-    sink = ConsoleSink(
-        Attempt.objects.create(
-            run=run, number=1, host=Host.objects.create(name="h"), state="running"
-        )  # fmt: skip
-    )
+    attempt = running_attempt(fixture(host="h"), state="running")
+    run = attempt.run
+    sink = ConsoleSink(attempt)
 
     def write(step: int | None) -> None:
         with transaction.atomic():

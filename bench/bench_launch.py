@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,40 +28,30 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    work = Path(tempfile.mkdtemp(prefix="bench-launch-", dir=ROOT / "var"))
-    services = PrivateServices(work / "servers", persistent=False)
-    env = services.start(dict(os.environ))
-    env.update(
-        RUNS_ROOT=str(work / "runs"), HOST_HEARTBEAT_S="1", RUNS_SWEEP_S="1", PYTHONUNBUFFERED="1"
-    )
+    def runs_env(work: Path) -> dict[str, str]:
+        return {"RUNS_ROOT": str(work / "runs"), "HOST_HEARTBEAT_S": "1", "RUNS_SWEEP_S": "1",
+                "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
     # The demo model stays where it is built once (the default var/models).
-    env.pop("CONSOLE_VAR_DIR", None)
-    os.environ.update(env)
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        return _bench(work, env, processes, args.repeats)
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        services.stop()
+    with console("bench-launch-", env=runs_env, own_var_dir=False) as (work, env):
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            return _bench(work, env, processes, args.repeats)
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
 
 
 def _bench(work: Path, env: dict[str, str], processes: list, repeats: int) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
-
-    django.setup()
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
 
-    call_command("migrate", verbosity=0)
     from console.accounts.models import Team
     from console.registry.demo import seed_demo_domain
     from console.runs import services

@@ -27,7 +27,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,51 +51,39 @@ def main() -> int:
     args = parser.parse_args()
     if args.write:
         return _write_process(args.write, args.rate, args.seconds, args.per_commit, args.writer)
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    work = Path(tempfile.mkdtemp(prefix="bench-live-", dir=ROOT / "var"))
-    services = PrivateServices(work / "servers", persistent=False)
-    env = services.start(dict(os.environ))
-    env.pop("CONSOLE_VAR_DIR", None)
-    os.environ.update(env)
     server: subprocess.Popen[bytes] | None = None
-    try:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        trace = work / "trace.jsonl"
-        if args.trace:
-            env["BENCH_LIVE_TRACE"] = str(trace)
-        app = "bench.live_trace:application" if args.trace else "console.asgi:application"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
-             "--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off",
-             "--no-access-log", "--log-level", "warning"],
-            cwd=ROOT, env={**env, "DEBUG": "1"},
-        )  # fmt: skip
-        _wait_for_port(port, server)
-        return asyncio.run(
-            _bench(
-                port, args.clients, args.rate, args.seconds, args.per_commit, args.writers,
-                trace if args.trace else None,
-            )
-        )  # fmt: skip
-    finally:
-        if server is not None:
-            server.terminate()
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()  # figures are printed already; do not leave it behind
-                server.wait(10)
-        services.stop()
+    with console("bench-live-", own_var_dir=False) as (work, env):
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            trace = work / "trace.jsonl"
+            if args.trace:
+                env["BENCH_LIVE_TRACE"] = str(trace)
+            app = "bench.live_trace:application" if args.trace else "console.asgi:application"
+            server = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
+                 "--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off",
+                 "--no-access-log", "--log-level", "warning"],
+                cwd=ROOT, env={**env, "DEBUG": "1"},
+            )  # fmt: skip
+            _wait_for_port(port, server)
+            return asyncio.run(
+                _bench(
+                    port, args.clients, args.rate, args.seconds, args.per_commit, args.writers,
+                    trace if args.trace else None,
+                )
+            )  # fmt: skip
+        finally:
+            if server is not None:
+                server.terminate()
+                try:
+                    server.wait(60)
+                except subprocess.TimeoutExpired:
+                    server.kill()  # figures are printed already; do not leave it behind
+                    server.wait(10)
 
 
 def _wait_for_port(port: int, server: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
@@ -113,26 +100,14 @@ def _wait_for_port(port: int, server: subprocess.Popen[bytes], timeout: float = 
 
 
 def _setup() -> tuple[Any, str]:
-    from django.contrib.auth import get_user_model
     from django.test import Client
-    from django.utils import timezone
 
-    from console.accounts.models import Membership, Role, Team
-    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
+    from bench._console import fixture, running_attempt
+    from console.accounts.models import Role
 
-    user = get_user_model().objects.create_user(username="watcher")  # logs in by session
-    team = Team.objects.create(slug="bench", name="Bench")
-    Membership.objects.create(user=user, team=team, role=Role.RESEARCHER)
-    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
-    version = ModelVersion.objects.create(
-        model=model, number=1, path="/m", status="published", created_by=user,
-        published_at=timezone.now(), published_by=user,
-    )  # fmt: skip
-    run = Run.objects.create(team=team, created_by=user, name="live", request={}, spec={},
-                             pins={}, model_version=version, state="running")  # fmt: skip
-    attempt = Attempt.objects.create(
-        run=run, number=1, host=Host.objects.create(name="h"), state="running"
-    )
+    fx = fixture(username="watcher", host="h", role=Role.RESEARCHER)  # logs in by session
+    user = fx.user
+    attempt = running_attempt(fx, name="live", state="running")
     client = Client()
     client.force_login(user)
     from django.conf import settings

@@ -28,7 +28,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,17 +65,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=40)
     args = parser.parse_args()
 
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    work = Path(tempfile.mkdtemp(prefix="bench-run-page-", dir=ROOT / "var"))
-    services = PrivateServices(work / "servers", persistent=False)
-    env = services.start(dict(os.environ))
-    env.pop("CONSOLE_VAR_DIR", None)
-    os.environ.update(env)
-    try:
+    with console("bench-run-page-", own_var_dir=False):
         return _bench(args)
-    finally:
-        services.stop()
 
 
 def _copy(table: str, columns: list[str], lines: Any) -> None:
@@ -206,32 +198,18 @@ def _timed(call: Callable[[], Any], repeats: int) -> tuple[float, float, int]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
-
-    django.setup()
     from django.conf import settings
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection
     from django.test import Client
     from django.utils import timezone
 
-    settings.ALLOWED_HOSTS = ["*"]
-    call_command("migrate", verbosity=0)
-    from console.accounts.models import Membership, Team
+    from bench._console import fixture, running_attempt
     from console.runs import live
-    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
+    from console.runs.models import Run
 
-    user = get_user_model().objects.create(username="bench")
-    team = Team.objects.create(slug="bench", name="Bench")
-    Membership.objects.create(user=user, team=team, role="researcher")
-    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
-    version = ModelVersion.objects.create(
-        model=model, number=1, path="/m", status="published", created_by=user,
-        published_at=timezone.now(), published_by=user,
-    )  # fmt: skip
-    host = Host.objects.create(name="bench-host")
+    settings.ALLOWED_HOSTS = ["*"]
+    fx = fixture(host="bench-host", role="researcher")
+    user = fx.user
     keys = len(metric_keys())
     sizes = {
         "small": (args.points // args.small, args.trajectories // args.small),
@@ -239,15 +217,14 @@ def _bench(args: argparse.Namespace) -> int:
     }
     runs = {}
     for label, (points, trajectories) in sizes.items():
-        run = Run.objects.create(
-            team=team, created_by=user, name=f"bench-{label}", request={}, spec={},
+        attempt = running_attempt(
+            fx, name=f"bench-{label}",
             pins={"domains": [{"slug": d, "domain_id": i + 1, "weight": 1.0,
                                "rubric_version": 1, "taskset_version": 1}
                               for i, d in enumerate(DOMAINS)]},
-            model_version=version,
             state="running", started_at=timezone.now(),
         )  # fmt: skip
-        attempt = Attempt.objects.create(run=run, number=1, host=host, state="running")
+        run = attempt.run
         start = time.perf_counter()
         steps = max(points // keys, 1)
         _load(run, attempt, steps, trajectories)

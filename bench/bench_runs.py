@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,47 +34,21 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
 
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    root = Path(tempfile.mkdtemp(prefix="bench-runs-", dir=Path(__file__).parents[1] / "var"))
-    services = PrivateServices(root, persistent=False)
-    os.environ.update(services.start(dict(os.environ)))
-    try:
+    with console("bench-runs-"):
         return _bench(args.rows, args.batch, args.calls)
-    finally:
-        services.stop()
 
 
 def _bench(total: int, batch: int, calls: int) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
     from django.db import connection, transaction
     from django.utils import timezone
 
-    call_command("migrate", verbosity=0)
-    from django.contrib.auth import get_user_model
-
-    from console.accounts.models import Team
-    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
+    from bench._console import fixture, running_attempt
     from console.runs.models import TrajectoryRecord as Row
     from console.runs.sink import TRAJECTORY_COLUMNS, ConsoleSink, trajectory_row
 
-    user = get_user_model().objects.create(username="bench")
-    team = Team.objects.create(slug="bench", name="Bench")
-    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
-    version = ModelVersion.objects.create(
-        model=model, number=1, path="/m", status="published", created_by=user,
-        published_at=timezone.now(), published_by=user,
-    )  # fmt: skip
-    host = Host.objects.create(name="bench")
-
-    def new_attempt() -> Attempt:
-        run = Run.objects.create(team=team, created_by=user, name="b", request={}, spec={},
-                                 pins={}, model_version=version)  # fmt: skip
-        return Attempt.objects.create(run=run, number=1, host=host, state="running")
+    fx = fixture()
 
     def item(step: int, group: int) -> dict:
         text = "Let me think. 17 * 23 = 391, so the answer is \\boxed{391}. " * 6
@@ -96,7 +69,7 @@ def _bench(total: int, batch: int, calls: int) -> int:
     print(f"{total} trajectories of {len(str(items[0]))} characters, batches of {batch}")
 
     # Raw COPY of the same rows (built beforehand: the floor of what PostgreSQL takes).
-    attempt = new_attempt()
+    attempt = running_attempt(fx)
     now = timezone.now()
     rows = [trajectory_row(attempt.run_id, attempt.pk, i, it, now) for i, it in enumerate(items)]
     columns = ", ".join(f'"{c}"' for c in TRAJECTORY_COLUMNS)
@@ -112,7 +85,7 @@ def _bench(total: int, batch: int, calls: int) -> int:
     copy_s = time.perf_counter() - start
 
     # The console's Sink, from dicts.
-    sink = ConsoleSink(new_attempt())
+    sink = ConsoleSink(running_attempt(fx))
     profile = None
     if os.environ.get("BENCH_PROFILE"):
         import cProfile
@@ -131,7 +104,7 @@ def _bench(total: int, batch: int, calls: int) -> int:
     assert sink.written == total
 
     # Row by row through the ORM, on a tenth of the rows.
-    orm_attempt = new_attempt()
+    orm_attempt = running_attempt(fx)
     orm_rows = total // 10
     start = time.perf_counter()
     for i, it in enumerate(items[:orm_rows]):
@@ -154,8 +127,8 @@ def _bench(total: int, batch: int, calls: int) -> int:
     # medians. Most of either is its commit's flush to disk.
     values = {f"key/{k}": k / 7 for k in range(40)}
     event = {"reason": "tick", "stages": [{"name": "rollout", "s": 0.5}] * 4}
-    plain = new_attempt()
-    sink = ConsoleSink(new_attempt())
+    plain = running_attempt(fx)
+    sink = ConsoleSink(running_attempt(fx))
     metric_sql = (
         'INSERT INTO runs_metric (run_id, step, "values", updated_at) '
         "VALUES (%s, %s, %s::jsonb, now())"

@@ -15,7 +15,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,15 +28,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
 
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    root = Path(tempfile.mkdtemp(prefix="bench-list-", dir=Path(__file__).parents[1] / "var"))
-    services = PrivateServices(root, persistent=False)
-    os.environ.update(services.start(dict(os.environ)))
-    try:
+    with console("bench-list-"):
         return _bench(args.steps, args.keys, args.repeat)
-    finally:
-        services.stop()
 
 
 def _median_ms(fn: object, repeat: int) -> tuple[float, float]:
@@ -51,40 +45,24 @@ def _median_ms(fn: object, repeat: int) -> tuple[float, float]:
 
 
 def _bench(steps: int, keys: int, repeat: int) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
-
-    django.setup()
     import json
 
-    from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
 
-    call_command("migrate", verbosity=0)
-    from django.contrib.auth import get_user_model
-
-    from console.accounts.models import Team
+    from bench._console import fixture, running_attempt
     from console.runs import selectors
-    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
+    from console.runs.models import Run
 
-    user = get_user_model().objects.create(username="bench")
-    team = Team.objects.create(slug="bench", name="Bench")
-    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
-    version = ModelVersion.objects.create(
-        model=model, number=1, path="/m", status="published", created_by=user,
-        published_at=timezone.now(), published_by=user,
-    )  # fmt: skip
-    host = Host.objects.create(name="bench")
+    fx = fixture()
     started = timezone.now() - timezone.timedelta(days=2)
     other = {f"metric/{i}": 0.5 for i in range(keys - 1)}
 
     def run_with(n: int) -> Run:
-        run = Run.objects.create(
-            team=team, created_by=user, name=f"r{n}", request={}, spec={}, pins={},
-            model_version=version, state="running", max_steps=2 * n, last_step=n,
-        )  # fmt: skip
-        Attempt.objects.create(run=run, number=1, host=host, state="running", started_at=started)
+        run = running_attempt(
+            fx, name=f"r{n}", state="running", max_steps=2 * n, last_step=n,
+            attempt_started_at=started,
+        ).run  # fmt: skip
         with connection.cursor() as cursor:
             cursor.execute(
                 'INSERT INTO runs_metric (run_id, step, "values", updated_at) '

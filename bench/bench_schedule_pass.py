@@ -20,7 +20,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,27 +34,16 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=20)
     args = parser.parse_args()
 
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    root = Path(tempfile.mkdtemp(prefix="bench-sched-", dir=Path(__file__).parents[1] / "var"))
-    services = PrivateServices(root, persistent=False)
-    os.environ.update(services.start(dict(os.environ)))
-    try:
+    with console("bench-sched-"):
         return _bench(args.hosts, args.gpus, args.queued, args.passes)
-    finally:
-        services.stop()
 
 
 def _bench(hosts: int, gpus: int, queued: int, passes: int) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
-
-    django.setup()
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.utils import timezone
 
-    call_command("migrate", verbosity=0)
     from console.accounts.models import Team
     from console.runs.models import (
         Allocation,

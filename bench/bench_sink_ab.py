@@ -17,7 +17,6 @@ import importlib.util
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,49 +30,22 @@ def main() -> int:
     parser.add_argument("--old", required=True, help="a checkout of the console to compare")
     parser.add_argument("--calls", type=int, default=600)
     args = parser.parse_args()
-    from console.devservers import PrivateServices
+    from bench._console import console
 
-    root = Path(tempfile.mkdtemp(prefix="bench-sink-ab-", dir=ROOT / "var"))
-    services = PrivateServices(root, persistent=False)
-    os.environ.update(services.start(dict(os.environ)))
-    try:
+    with console("bench-sink-ab-"):
         return _bench(Path(args.old) / "console" / "runs" / "sink.py", args.calls)
-    finally:
-        services.stop()
 
 
 def _bench(old_path: Path, calls: int) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
-
-    django.setup()
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
-    from django.utils import timezone
-
-    call_command("migrate", verbosity=0)
-    from console.accounts.models import Team
+    from bench._console import fixture, running_attempt
     from console.runs import sink as this_sink
-    from console.runs.models import Attempt, Host, ModelVersion, RegisteredModel, Run
 
     spec = importlib.util.spec_from_file_location("other_sink", old_path)
     assert spec is not None and spec.loader is not None
     other_sink = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(other_sink)
 
-    user = get_user_model().objects.create(username="bench")
-    team = Team.objects.create(slug="bench", name="Bench")
-    model = RegisteredModel.objects.create(team=team, slug="m", title="m", created_by=user)
-    version = ModelVersion.objects.create(
-        model=model, number=1, path="/m", status="published", created_by=user,
-        published_at=timezone.now(), published_by=user,
-    )  # fmt: skip
-    host = Host.objects.create(name="bench")
-
-    def attempt() -> Attempt:
-        run = Run.objects.create(team=team, created_by=user, name="b", request={}, spec={},
-                                 pins={}, model_version=version)  # fmt: skip
-        return Attempt.objects.create(run=run, number=1, host=host, state="running")
+    fx = fixture()
 
     def trajectory(step: int) -> dict[str, Any]:
         return {
@@ -85,7 +57,10 @@ def _bench(old_path: Path, calls: int) -> int:
 
     values = {f"key/{k}": k / 7 for k in range(40)}
     event = {"reason": "tick", "stages": [{"name": "rollout", "s": 0.5}] * 4}
-    sinks = {"this": this_sink.ConsoleSink(attempt()), "other": other_sink.ConsoleSink(attempt())}
+    sinks = {
+        "this": this_sink.ConsoleSink(running_attempt(fx)),
+        "other": other_sink.ConsoleSink(running_attempt(fx)),
+    }
     times: dict[str, list[float]] = {
         f"{name} {what}": [] for name in sinks for what in ("metrics", "event", "trajectories")
     }
