@@ -27,9 +27,9 @@ def console(
     """Start a private PostgreSQL and Redis in a fresh `var/<prefix>*` folder, set up Django
     on them and migrate; yield (that folder, the environment for subprocesses); stop both.
 
-    `env(folder)`: more variables, set before Django reads its settings. `own_var_dir=False` leaves
-    the console's VAR_DIR at the default var/ (where the demo model is built once) instead of
-    the servers' folder."""
+    `env(folder)`: more variables, set before Django reads its settings. `own_var_dir=False`:
+    CONSOLE_VAR_DIR is not pointed at the servers' folder (so the console's VAR_DIR stays the
+    default var/, or the caller's CONSOLE_VAR_DIR: where the demo model is built once)."""
     from console.devservers import PrivateServices
 
     (ROOT / "var").mkdir(exist_ok=True)  # a fresh checkout has none
