@@ -189,7 +189,13 @@ def init_distributed() -> tuple[int, int]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        # A launcher may name the backend (the console's host agent passes its setting);
+        # otherwise nccl with CUDA, gloo without.
+        backend = os.environ.get("TRAINING_DIST_BACKEND", "auto")
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
         if "RANK" not in os.environ:  # not under a launcher: a world of one
+            # DeepSpeed reads these; nothing listens on the port.
             os.environ.update(
                 RANK="0",
                 LOCAL_RANK="0",
@@ -197,11 +203,12 @@ def init_distributed() -> tuple[int, int]:
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(_free_port()),
             )
-        # A launcher may name the backend (the console's host agent passes its setting);
-        # otherwise nccl with CUDA, gloo without.
-        backend = os.environ.get("TRAINING_DIST_BACKEND", "auto")
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if os.environ.get("WORLD_SIZE") == "1":
+            # A world of one (again, after an in-process vLLM engine tore the last one down)
+            # keeps its store in this process: a TCP store on a port found free a moment before
+            # can lose it to another process's connection first ("DistNetworkError: The server
+            # socket has failed to listen", seen once in CI). DeepSpeed adopts the group.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
         # DeepSpeed caches a clone of the world group; if an earlier world was torn down in this
         # process (an in-process vLLM engine destroys the default group when it closes), that

@@ -30,6 +30,7 @@ from django.db import connection
 from console.registry.demo import seed_demo_domain
 from console.registry.models import Domain
 from console.runs.demo import seed_models
+from console.runs.models import TERMINAL_RUN_STATES, Run
 from tests.conftest import People
 from tests.console import runs_hold
 from tests.e2e.conftest import database_url_for
@@ -106,7 +107,19 @@ class Cluster:
         """Waits until that attempt's job is held; returns the steps it has done."""
         held = runs_hold.held_path(self.hold_dir, run_name, attempt)
         what = f"attempt {attempt} of {run_name} to be held"
-        wait_for(held.exists, timeout=timeout, what=what, cluster=self)
+
+        def held_or_ended() -> bool:
+            if held.exists():
+                return True
+            # A run that ended first will never be held: say why now, not at the timeout.
+            ended = Run.objects.filter(name=run_name, state__in=TERMINAL_RUN_STATES).first()
+            if ended is not None:
+                raise AssertionError(
+                    f"{run_name} ended {ended.state} before {what}: {ended.error}\n{self.logs()}"
+                )
+            return False
+
+        wait_for(held_or_ended, timeout=timeout, what=what, cluster=self)
         return int(held.read_text())
 
     def release(self, run_name: str, *, attempt: int = 1) -> None:
