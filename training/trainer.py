@@ -216,6 +216,10 @@ def init_distributed() -> tuple[int, int]:
         from deepspeed.utils import groups
 
         groups._WORLD_GROUP = None
+    if dist.get_world_size() == 1:
+        # DeepSpeed's engine reads LOCAL_RANK, which nobody sets when the world was made by
+        # someone else (an in-process vLLM engine sets RANK and WORLD_SIZE only) or adopted.
+        os.environ.setdefault("LOCAL_RANK", "0")
     return dist.get_rank(), dist.get_world_size()
 
 
