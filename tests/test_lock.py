@@ -7,6 +7,7 @@ machine" can only mean the machine. `make lock` refreshes the lock; bootstrap in
 from __future__ import annotations
 
 import re
+import sysconfig
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -27,10 +28,17 @@ def locked() -> dict[str, str]:
 
 
 def installed() -> dict[str, str]:
+    """What the environment installed: distributions in its site-packages. Once imported,
+    setuptools puts its vendored copies (packaging, platformdirs, ...) on sys.path, and an
+    earlier test in the same process may have imported it; those copies are not installed."""
+    site = {
+        Path(p).resolve() for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib"))
+    }
     return {
         canonicalize_name(dist.metadata["Name"]): dist.version
         for dist in metadata.distributions()
         if canonicalize_name(dist.metadata["Name"]) not in NOT_LOCKED
+        and Path(str(dist.locate_file(""))).resolve() in site
     }
 
 
