@@ -57,6 +57,16 @@ def leftovers(name: str, marker: str | None = None) -> list[str]:
     return found
 
 
+def skip_unless_sandboxes_start_ahead() -> None:
+    """Sandboxes are started ahead only with the compiled launcher (its init waits for the
+    first command); the shell launch has none."""
+    from sandboxes.bwrap import launch_binary
+    from sandboxes.workspace import sandboxes_root
+
+    if launch_binary(sandboxes_root()) is None:
+        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+
+
 def open_started_ahead(spec):  # type: ignore[no-untyped-def]
     """An open sandbox of ``spec`` that took a spare whose bwrap was started ahead and waits
     for its first command (``sandboxes.bwrap.Prestarted``)."""

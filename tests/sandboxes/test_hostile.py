@@ -37,10 +37,12 @@ class Hostile:
 HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE = [Path("/usr/evil"), Path("/etc/evil"), Path("/evil")]
 
 
-def _run_hostile(case: Hostile, canary: str) -> None:
+def _run_hostile(
+    case: Hostile, canary: str, open_sandbox: Callable[[SandboxSpec], Sandbox] = Sandbox
+) -> None:
     marker = f"hostile-{uuid.uuid4().hex}"
     spec = SandboxSpec(**{"timeout_s": 5, "memory_mb": 128, "pids": 32, **case.spec})
-    sandbox = Sandbox(spec)
+    sandbox = open_sandbox(spec)
     with sandbox:
         result = sandbox.run(
             ["python3", "-c", textwrap.dedent(case.code), marker],
@@ -355,20 +357,7 @@ def test_hostile_program_ends_safely_and_leaves_nothing(name, canary):
 def test_hostile_program_in_a_sandbox_started_ahead_ends_safely_and_leaves_nothing(name, canary):
     """The same, as the first command of a spare whose bwrap was started before it was taken
     (``test_hostile_program_ends_safely_and_leaves_nothing`` takes a spare when one is ready)."""
-    case = HOSTILE[name]
-    marker = f"hostile-{uuid.uuid4().hex}"
-    spec = SandboxSpec(**{"timeout_s": 5, "memory_mb": 128, "pids": 32, **case.spec})
-    sandbox = open_started_ahead(spec)
-    with sandbox:
-        result = sandbox.run(
-            ["python3", "-c", textwrap.dedent(case.code), marker],
-            stdin=case.stdin,
-            timeout=case.timeout,
-        )
-        case.check(result)
-    assert canary not in result.stdout and canary not in result.stderr
-    assert_nothing_left(sandbox.name, marker)
-    assert not any(p.exists() for p in HOST_PATHS_THE_SANDBOX_TRIES_TO_WRITE)
+    _run_hostile(HOSTILE[name], canary, open_started_ahead)
 
 
 def test_daemon_does_not_survive_into_the_next_run():

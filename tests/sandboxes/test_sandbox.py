@@ -608,13 +608,10 @@ def test_bwrap_never_starts_when_joining_its_cgroup_fails(launcher, monkeypatch,
 def test_a_bwrap_started_ahead_never_starts_when_joining_its_cgroup_fails(monkeypatch, tmp_path):
     """The same for a spare's bwrap started ahead: its launch stops before bwrap, and the
     sandbox's first run fails as a launch on the spot would (it joins the same groups)."""
-    from sandboxes import bwrap
     from sandboxes.cgroups import CgroupV1Group, CgroupV2Group, RunMark, manager
-    from sandboxes.workspace import sandboxes_root
-    from tests.sandboxes.conftest import open_started_ahead
+    from tests.sandboxes.conftest import open_started_ahead, skip_unless_sandboxes_start_ahead
 
-    if bwrap.launch_binary(sandboxes_root()) is None:
-        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    skip_unless_sandboxes_start_ahead()
     group_class = CgroupV1Group if manager().version == 1 else CgroupV2Group
     real_begin = group_class.begin_run
 
@@ -708,19 +705,24 @@ def test_the_janitor_also_reaps_dead_owners_workspaces_under_the_old_disk_root(
     assert not left.exists() and alive.exists()
 
 
-def test_a_planted_launcher_binary_is_never_executed(tmp_path):
-    """The launcher runs as root: a file at its name that others could write is built over."""
-    import hashlib
+def _skip_unless_a_launcher_can_be_built_in(tmp_path: Path) -> None:
     import shutil
-
-    from sandboxes import bwrap
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here: the shell launch is the only one")
     if os.statvfs(tmp_path).f_flag & os.ST_NOEXEC:
-        # The build over the planted file happens, but a noexec root is never used (the
-        # shell launch is: test_a_root_where_nothing_may_execute_falls_back_to_the_shell_launch).
+        # A launcher is built there, but a noexec root is never used (the shell launch is:
+        # test_a_root_where_nothing_may_execute_falls_back_to_the_shell_launch).
         pytest.skip("pytest's temporary directory is noexec here: no launcher runs from it")
+
+
+def test_a_planted_launcher_binary_is_never_executed(tmp_path):
+    """The launcher runs as root: a file at its name that others could write is built over."""
+    import hashlib
+
+    from sandboxes import bwrap
+
+    _skip_unless_a_launcher_can_be_built_in(tmp_path)
     root = tmp_path / "root"
     root.mkdir(mode=0o711)
     digest = hashlib.sha256(bwrap.LAUNCH_SOURCE.read_bytes()).hexdigest()[:16]
@@ -744,14 +746,10 @@ def test_a_planted_launcher_binary_is_never_executed(tmp_path):
 def test_one_launcher_per_source_is_reused_and_old_ones_are_removed(tmp_path, monkeypatch):
     """The launcher's name is its source's hash: every process reuses the one file, and what
     older sources and dead builds left in the root goes (at a build, and with the janitor)."""
-    import shutil
 
     from sandboxes import bwrap, janitor
 
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler here: the shell launch is the only one")
-    if os.statvfs(tmp_path).f_flag & os.ST_NOEXEC:
-        pytest.skip("pytest's temporary directory is noexec here: no launcher runs from it")
+    _skip_unless_a_launcher_can_be_built_in(tmp_path)
     root = tmp_path / "root"
     root.mkdir(mode=0o711)
     dead = subprocess.Popen(["true"])

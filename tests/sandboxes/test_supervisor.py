@@ -14,7 +14,12 @@ import pytest
 from sandboxes import ExecResult, Sandbox, SandboxSpec
 from sandboxes.bwrap import launch_binary
 from sandboxes.workspace import sandboxes_root
-from tests.sandboxes.conftest import assert_nothing_left, leftovers, open_started_ahead
+from tests.sandboxes.conftest import (
+    assert_nothing_left,
+    leftovers,
+    open_started_ahead,
+    skip_unless_sandboxes_start_ahead,
+)
 
 SLEEPER = ["sh", "-c", "sleep 5"]
 # (argv, stdin) pairs whose results must not depend on the path that ran them. The shells that
@@ -110,8 +115,7 @@ def _first_runs(started_ahead: bool, monkeypatch: pytest.MonkeyPatch) -> list[tu
 def test_a_sandbox_started_ahead_reports_exactly_what_a_bwrap_started_for_the_run_reports(
     monkeypatch,
 ):
-    if launch_binary(sandboxes_root()) is None:
-        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    skip_unless_sandboxes_start_ahead()
     assert _first_runs(True, monkeypatch) == _first_runs(False, monkeypatch)
 
 
@@ -120,8 +124,7 @@ def test_a_process_forked_by_the_host_does_not_hold_up_a_sandbox_started_ahead(s
     """A forked child holds copies of every descriptor the host had when it forked (a
     DataLoader worker, a prefork pool): the first command must still get its whole message and
     its stdin's end, not wait for an EOF that the copies hold back."""
-    if launch_binary(sandboxes_root()) is None:
-        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    skip_unless_sandboxes_start_ahead()
     sandbox = open_started_ahead(SandboxSpec(timeout_s=20))
     child = os.fork()
     if child == 0:
@@ -139,8 +142,7 @@ def test_a_process_forked_by_the_host_does_not_hold_up_a_sandbox_started_ahead(s
 
 
 def test_a_sandbox_started_ahead_and_killed_before_its_first_run_still_runs_it():
-    if launch_binary(sandboxes_root()) is None:
-        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    skip_unless_sandboxes_start_ahead()
     sandbox = open_started_ahead(SandboxSpec())
     with sandbox:
         sandbox.kill()
@@ -150,8 +152,7 @@ def test_a_sandbox_started_ahead_and_killed_before_its_first_run_still_runs_it()
 
 def test_a_sandbox_started_ahead_but_first_run_through_a_supervisor_leaves_nothing(monkeypatch):
     """A zygote, or a sandbox told to supervise after it opened, gives its waiting bwrap up."""
-    if launch_binary(sandboxes_root()) is None:
-        pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
+    skip_unless_sandboxes_start_ahead()
     sandbox = open_started_ahead(SandboxSpec())
     with sandbox:
         sandbox._require().supervise = "always"  # type: ignore[attr-defined]
