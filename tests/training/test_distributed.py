@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,21 +21,18 @@ from tests.training.conftest import tiny_spec
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun_two_ranks(args: list[str]) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node 2 <args>`` on the CPU (gloo); asserts it succeeded."""
+    """``torchrun --standalone --nproc_per_node 2 <args>`` on the CPU (gloo); asserts it succeeded.
+
+    ``--standalone`` has the rendezvous store bind a free port itself: a port picked here and
+    passed as ``--master_port`` could be taken by another process before torchrun binds it."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun is installed with torch"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     result = subprocess.run(
-        [torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), *args],
+        [torchrun, "--standalone", "--nproc_per_node", "2", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -105,12 +101,14 @@ def test_zero_0_reports_the_norm_of_the_averaged_gradient_like_zero_2(tiny_model
 
 
 @pytest.mark.slow
-def test_zero3_ranks_with_different_row_counts_score_without_waiting_forever(tiny_model_dir):
+def test_zero3_ranks_with_different_row_counts_score_without_waiting_forever(
+    tiny_model_dir, tmp_path
+):
     # Each ZeRO-3 forward gathers parameters from every rank; a rank with fewer micro-batches
     # used to leave the other waiting in its next gather (a hang, not an error).
     worker = REPO / "tests" / "training" / "zero3_scoring_worker.py"
-    result = torchrun_two_ranks([str(worker), str(tiny_model_dir)])
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    by_rank = {line["rank"]: line for line in lines}
+    # Each rank writes its own file: two ranks' buffered stdout can interleave in one pipe.
+    torchrun_two_ranks([str(worker), str(tiny_model_dir), str(tmp_path)])
+    by_rank = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
     assert by_rank[0]["lengths"] == [3, 3, 3, 3, 0] and by_rank[1]["lengths"] == [3, 0]
     assert by_rank[0]["first"] == pytest.approx(by_rank[1]["first"], abs=1e-6)

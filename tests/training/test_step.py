@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
 import pytest
 
@@ -194,16 +193,11 @@ def test_metric_sums_add_loss_shares_and_token_weigh_the_rest():
     assert reduced["ewc/penalty"] == pytest.approx(0.3)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _reduce_on_rank(rank: int, port: int, out: dict) -> None:
+def _reduce_on_rank(rank: int, store_file: str, out: dict) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # A file store: a TCP port picked beforehand could be taken before rank 0 binds it.
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
     try:
         rows = rows_with_an_episode() if rank == 0 else [TrainRow([1], [5] * 4, [0.0] * 4)]
         totals = MiniBatchTotals.of(rows, micro_batches=3 if rank == 0 else 1).across_ranks(2)
@@ -219,13 +213,13 @@ def _reduce_on_rank(rank: int, port: int, out: dict) -> None:
         dist.destroy_process_group()
 
 
-def test_two_ranks_agree_on_maxima_sums_and_token_means():
+def test_two_ranks_agree_on_maxima_sums_and_token_means(tmp_path):
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     manager = mp.get_context("spawn").Manager()
     out = manager.dict()
-    mp.start_processes(_reduce_on_rank, args=(_free_port(), out), nprocs=2, start_method="spawn")
+    mp.start_processes(_reduce_on_rank, args=(str(tmp_path / "store"), out), nprocs=2, start_method="spawn")
     (totals_0, metrics_0), (totals_1, metrics_1) = out[0], out[1]
     assert (
         totals_0
