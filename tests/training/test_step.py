@@ -219,7 +219,9 @@ def test_two_ranks_agree_on_maxima_sums_and_token_means(tmp_path):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     manager = mp.get_context("spawn").Manager()
     out = manager.dict()
-    mp.start_processes(_reduce_on_rank, args=(str(tmp_path / "store"), out), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _reduce_on_rank, args=(str(tmp_path / "store"), out), nprocs=2, start_method="spawn"
+    )
     (totals_0, metrics_0), (totals_1, metrics_1) = out[0], out[1]
     assert (
         totals_0
