@@ -135,27 +135,37 @@ def _check_page(page: Any, name: str, url: str, width_name: str, problems: list[
     screenshot(page, f"page-{name}-{width_name}")
 
 
+def _check_pages_and_a_confirmation(
+    page: Any, pages: dict[str, str], confirm: tuple[str, str, str, str]
+) -> None:
+    """Every page at each width, then one confirmation that opens in the page, on screen:
+    ``confirm`` is (page name, link text, confirming button's name, screenshot name)."""
+    name, opener, button, shot = confirm
+    problems: list[str] = []
+    for width_name, viewport in WIDTHS.items():
+        page.set_viewport_size(viewport)
+        for page_name, url in pages.items():
+            _check_page(page, page_name, url, width_name, problems)
+        page.goto(pages[name])
+        page.get_by_text(opener).click()
+        page.get_by_role("button", name=button).wait_for()
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        if overflow > 1:
+            problems.append(f"{shot} confirmation {width_name}: {overflow} px too wide")
+        screenshot(page, f"page-{shot}-{width_name}")
+    assert not problems, "\n".join(problems)
+
+
 def test_every_page_at_desktop_and_phone_width(
     page: Any, people: Any, live_server_url: str
 ) -> None:
     pages = _pages(people)
     login(page, people.teammate_admin)
-    problems: list[str] = []
-    for width_name, viewport in WIDTHS.items():
-        page.set_viewport_size(viewport)
-        for name, url in pages.items():
-            _check_page(page, name, url, width_name, problems)
-        # Publishing from the object's page: the confirmation opens in the page, on screen.
-        page.goto(pages["rubric-detail"])
-        page.get_by_text("Publish v2…").click()
-        page.get_by_role("button", name="Yes, publish v2").wait_for()
-        overflow = page.evaluate(
-            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-        )
-        if overflow > 1:
-            problems.append(f"publish confirmation {width_name}: {overflow} px too wide")
-        screenshot(page, f"page-rubric-detail-publish-{width_name}")
-    assert not problems, "\n".join(problems)
+    # Publishing from the object's page asks first.
+    publish = ("rubric-detail", "Publish v2…", "Yes, publish v2", "rubric-detail-publish")
+    _check_pages_and_a_confirmation(page, pages, publish)
 
 
 def test_the_runs_pages_at_desktop_and_phone_width(
@@ -164,22 +174,8 @@ def test_the_runs_pages_at_desktop_and_phone_width(
     """Apart from the registry's pages, so the audit log's length above is the registry's."""
     pages = _run_pages(people, tmp_path)
     login(page, people.teammate_admin)
-    problems: list[str] = []
-    for width_name, viewport in WIDTHS.items():
-        page.set_viewport_size(viewport)
-        for name, url in pages.items():
-            _check_page(page, name, url, width_name, problems)
-        # Cancel asks first: the confirmation opens in the page, on screen.
-        page.goto(pages["run-detail"])
-        page.get_by_text("Cancel…").click()
-        page.get_by_role("button", name="Yes, cancel the run").wait_for()
-        overflow = page.evaluate(
-            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-        )
-        if overflow > 1:
-            problems.append(f"cancel confirmation {width_name}: {overflow} px too wide")
-        screenshot(page, f"page-run-detail-cancel-{width_name}")
-    assert not problems, "\n".join(problems)
+    cancel = ("run-detail", "Cancel…", "Yes, cancel the run", "run-detail-cancel")
+    _check_pages_and_a_confirmation(page, pages, cancel)
 
 
 def test_an_audit_entry_opens_to_the_fields_it_changed(
