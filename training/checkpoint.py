@@ -19,6 +19,12 @@ every rank (DeepSpeed itself only notices at ZeRO 1-3, and then on some ranks).
 Across several hosts the checkpoint directory must be on a filesystem every rank sees (rank 0
 writes ``run_state.json``; each rank its own RNG file and DeepSpeed shards), as DeepSpeed's own
 checkpoints assume.
+
+A directory has one writer: a save replaces a checkpoint of its own step and (when it prunes)
+removes the ones newer than itself, which is right for one run resuming its own timeline and
+wrong for two jobs sharing a directory. The console, where an old attempt's job can still be
+running when the next attempt has taken over, gives each attempt a directory of its own and
+resumes from the checkpoint its database accepted, not from a listing (`console.runs.sink`).
 """
 
 from __future__ import annotations
@@ -96,9 +102,10 @@ def _barrier() -> None:
 
 
 def save_checkpoint(
-    trainer: Any, root: str | Path, step: int, run_state: dict[str, Any], keep_last: int
+    trainer: Any, root: str | Path, step: int, run_state: dict[str, Any], keep_last: int | None
 ) -> Path:
-    """Saves (a collective call: every rank) and prunes to the ``keep_last`` newest.
+    """Saves (a collective call: every rank) and prunes to the ``keep_last`` newest (None:
+    prunes nothing; the caller decides what goes).
 
     The checkpoint is written under a staging name and renamed into place once complete, so a
     re-save of the same step (a preemption right after resuming) never leaves a moment without
@@ -136,6 +143,7 @@ def save_checkpoint(
         else:
             staging.rename(path)
         (root / "latest").write_text(tag)  # DeepSpeed's pointer named the staging directory
+    if rank == 0 and keep_last is not None:
         found = list_checkpoints(root)
         abandoned = [p for p in found if _step_of(p) > step]
         older = [p for p in found if _step_of(p) <= step and p != path]

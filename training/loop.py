@@ -410,8 +410,13 @@ class _Run:
         root = self.spec.checkpoint.dir
         if root is None:
             return None
+        policy = self.spec.checkpoint
         path = save_checkpoint(
-            self.trainer, root, self.step, self.run_state(), self.spec.checkpoint.keep_last
+            self.trainer,
+            root,
+            self.step,
+            self.run_state(),
+            policy.keep_last if policy.prune else None,
         )
         self.last_checkpoint = str(path)
         self.sink.checkpoint(

@@ -36,7 +36,7 @@ Sections (all optional except ``base_model`` and ``domains``)::
       "rollout": {"engine": "hf", ...},     # training.rollout_config.RolloutEngineConfig fields
       "tools": {"enabled": false, "max_turns": 4, "max_tool_output_chars": 2000, ...},
       "checkpoint": {"dir": "var/runs/x/ckpt", "every_steps": 10, "keep_last": 2,
-                     "resume": "latest" | "none" | "<path>"},
+                     "resume": "latest" | "none" | "<path>", "prune": true},
       "ewc": {"strength": 0.0, "fisher_path": null, "anchor_path": null},
       "output_dir": "var/runs/arith-grpo",
       "cpu_threads": 0,                     # torch CPU threads (0: torch's default)
@@ -214,13 +214,18 @@ class ToolSpec(SpecModel):
 class CheckpointSpec(SpecModel):
     """Save every ``every_steps`` steps (0: only on preempt and at the end), keep the last
     ``keep_last``. ``resume``: ``"latest"`` picks up the newest checkpoint in ``dir`` if there
-    is one, ``"none"`` always starts fresh, anything else is a checkpoint directory."""
+    is one, ``"none"`` always starts fresh, anything else is a checkpoint directory.
+    ``prune``: each save removes what ``keep_last`` leaves out of ``dir`` (and checkpoints newer
+    than itself, an abandoned timeline); false leaves every checkpoint to the caller, for one
+    that knows better which it still needs (the console prunes only what its database has
+    superseded, `console.runs.sink`)."""
 
     dir: str | None = Field(default=None, min_length=1)
     every_steps: int = Field(default=0, ge=0)
     keep_last: int = Field(default=2, ge=1)
     resume: str = Field(default="latest", min_length=1)
     save_final: bool = True
+    prune: bool = True
 
 
 class EvalSpec(SpecModel):

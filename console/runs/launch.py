@@ -30,6 +30,7 @@ CONSOLE_OWNED = {"output_dir": "set by the console (the run's own directory)"}
 CONSOLE_OWNED_CHECKPOINT = {
     "dir": "set by the console (the run's checkpoint directory)",
     "resume": "set by the console (each attempt resumes from the run's last checkpoint)",
+    "prune": "set by the console (it keeps keep_last of the checkpoints it recorded)",
 }
 DOMAIN_KEYS = {"domain", "weight", "pass_threshold", "max_new_tokens"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -245,6 +245,13 @@ class Attempt(models.Model):
         return self.state in LIVE_ATTEMPT_STATES
 
     @property
+    def checkpoint_dir(self) -> str:
+        """Where this attempt's job saves: its own directory, so that an old attempt's job
+        that still runs after the run moved on (its saves are not fenced as its database
+        writes are) never replaces nor prunes the current attempt's checkpoints."""
+        return f"{self.run.checkpoint_dir}/attempt-{self.number}"
+
+    @property
     def log_text(self) -> str:
         dropped = self.log_bytes - len(self.log_head.encode()) - len(self.log_tail.encode())
         if dropped > 0:

@@ -359,7 +359,7 @@ def training_spec(
     spec["base_model"] = model.path
     spec["output_dir"] = run.work_dir
     checkpoint = dict(spec.get("checkpoint") or {})
-    checkpoint["dir"] = run.checkpoint_dir
+    checkpoint["dir"] = run.checkpoint_dir  # each attempt saves in its own directory below
     checkpoint["resume"] = "none"  # each attempt sets the run's last recorded checkpoint
     spec["checkpoint"] = checkpoint
     domains = []
@@ -385,6 +385,31 @@ def training_spec(
         domains.append(domain)
     spec["domains"] = domains
     return spec
+
+
+def attempt_training_spec(attempt: Attempt) -> dict[str, Any]:
+    """The `training.spec.RunSpec` dict an attempt's job runs (every rank builds the same): the
+    run's pinned spec, saving in the attempt's own directory, resuming from the checkpoint the
+    attempt was given (the run's newest one in the database), and pruning nothing itself.
+
+    Why a directory per attempt: a stale attempt's job (lost, still running until its next
+    step's poll) has its database writes refused, but its saves would land in a shared
+    directory, replace the current attempt's checkpoint of the same step and prune its newer
+    ones as an "abandoned timeline". The alternative, saving into staging and having the sink
+    rename into place under the attempt's lock, would tie a rename and a commit that cannot be
+    atomic together, keep the loop waiting on the sink's queue at every save, and still need
+    staging names per attempt. In its own directory no save of one attempt can touch another's,
+    the database alone says which checkpoint a run resumes from, and what is pruned is decided
+    once the database has accepted what supersedes it (`console.runs.sink.checkpoints_prune`),
+    by the current attempt's sink only: so the library's own pruning is off here."""
+    data = dict(attempt.run.spec)
+    data["checkpoint"] = {
+        **data.get("checkpoint", {}),
+        "dir": attempt.checkpoint_dir,
+        "resume": attempt.resume_from or "none",
+        "prune": False,
+    }
+    return data
 
 
 def _spec_errors(spec: dict[str, Any]) -> dict[str, list[str]]:

@@ -11,6 +11,12 @@ When an attempt starts at step S (``run.started``), rows an earlier attempt wrot
 after S are deleted: the policy that produced them is gone (the run resumes from the checkpoint
 of step S), and the steps will be produced again.
 
+Each attempt saves its checkpoints in a directory of its own (`Attempt.checkpoint_dir`), and a
+run resumes from the newest checkpoint recorded here. Only once a checkpoint is recorded (the
+attempt was current when it committed) does its sink prune what that supersedes
+(`checkpoints_prune`): a stale attempt's job never removes a file, and a checkpoint the
+database may still resume from is never removed by a newer one it has not yet accepted.
+
 Only the run's current attempt writes. Every write checks, in its own transaction and under a
 lock on the attempt's row (`services.attempt_hold_current`), that its attempt is still live;
 an old attempt's job that still runs after the run moved on (its host lost contact, or it had
@@ -26,7 +32,9 @@ import json
 import logging
 import math
 import re
+import shutil
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -40,11 +48,13 @@ from console.runs.models import (
     Attempt,
     Checkpoint,
     MetricRow,
+    ModelVersion,
     Run,
     RunEvent,
     TrajectoryRecord,
 )
 from training.control import ControlDecision, Overrides
+from training.spec import CheckpointSpec
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +187,85 @@ def _copy_skipping_existing(rows: Sequence[tuple[Any, ...]]) -> int:
     return inserted
 
 
+_ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
+
+
+def _attempt_of(root: Path, path: Path) -> int | None:
+    """The number of the attempt whose directory holds ``path`` under the run's checkpoint
+    directory ``root``; 0 for one saved in ``root`` itself (before attempts had their own),
+    None for a path outside it (never pruned)."""
+    try:
+        first = path.relative_to(root).parts[0]
+    except (ValueError, IndexError):
+        return None
+    match = _ATTEMPT_DIR.fullmatch(first)
+    return int(match[1]) if match else 0
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def checkpoints_prune(attempt: Attempt) -> list[Path]:
+    """Removes what the run's recorded checkpoints have superseded; returns what it removed.
+
+    Kept: the run's ``keep_last`` newest recorded checkpoints (the newest is what the next
+    attempt resumes from) and any a model version's weights are in. Removed: the other recorded
+    ones of this attempt and of older attempts, and everything else in older attempts'
+    directories (what a stale job saved after the run moved on, or half of a save it died in:
+    an older attempt never writes a record again). Newer attempts' directories, and this
+    attempt's checkpoints not yet recorded (its saves run ahead of its sink), are left alone.
+    Called by the sink after a checkpoint's record committed, so never by a stale attempt."""
+    run = attempt.run
+    root = Path(run.checkpoint_dir)
+    keep_last = CheckpointSpec.model_validate(run.spec.get("checkpoint") or {}).keep_last
+    recorded = [
+        Path(path)
+        for path in Checkpoint.objects.filter(run=run)
+        .order_by("-step", "-id")
+        .values_list("path", flat=True)
+    ]
+    weights = [
+        Path(path)
+        for path in ModelVersion.objects.filter(path__startswith=f"{root}/").values_list(
+            "path", flat=True
+        )
+    ]
+    keep = set(recorded[:keep_last])
+    keep.update(path for path in recorded if any(w == path or path in w.parents for w in weights))
+    doomed = [
+        path
+        for path in recorded
+        if path not in keep
+        and (number := _attempt_of(root, path)) is not None
+        and number <= attempt.number
+    ]
+    if root.is_dir():
+        for entry in root.iterdir():
+            number = _attempt_of(root, entry)
+            if number is None or number >= attempt.number or entry in keep:
+                continue
+            if number == 0 or not entry.is_dir():
+                doomed.append(entry)  # a checkpoint (or a pointer) of the shared layout
+            else:
+                doomed.extend(child for child in entry.iterdir() if child not in keep)
+    removed = []
+    for path in dict.fromkeys(doomed):
+        if path.exists() or path.is_symlink():
+            _remove(path)
+            removed.append(path)
+    if root.is_dir():
+        for entry in root.iterdir():
+            number = _attempt_of(root, entry)
+            if number is not None and 0 < number < attempt.number and entry.is_dir():
+                with contextlib.suppress(OSError):  # not empty: it holds a kept checkpoint
+                    entry.rmdir()
+    return removed
+
+
 class ConsoleSink:
     """`training.sink.Sink` writing one attempt's output to PostgreSQL (called from the
     library's sink thread, in the order the run produced things). Raises
@@ -260,6 +349,10 @@ class ConsoleSink:
             reason = str(info.get("reason", ""))[:32]
             self._record_event("checkpoint.saved", {"step": step, "reason": reason})
             services.notify(self.run, "run.checkpoint", {"step": step}, wait=False)
+        try:
+            checkpoints_prune(self.attempt)
+        except OSError:  # disk litter at worst: never a failed write of the run's record
+            logger.exception("pruning the checkpoints of %s", self.attempt)
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         data = _finite(json.loads(_json(data)))

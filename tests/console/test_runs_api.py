@@ -153,6 +153,7 @@ BAD = [
     ({"domains": [{"domain": "parity", "tasks": []}]}, "domains[0].tasks", "pinned"),
     ({"output_dir": "/tmp/x"}, "output_dir", "set by the console"),
     ({"checkpoint": {"resume": "/x"}}, "checkpoint.resume", "set by the console"),
+    ({"checkpoint": {"prune": True}}, "checkpoint.prune", "set by the console"),
     ({"base_model": "demo@9"}, "base_model", "no model 'demo@9'"),
     ({"name": "bad name!"}, "name", "letters"),
     ({"batch": {"group_size": 0}}, "batch.group_size", ">= "),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -255,3 +256,11 @@ def test_a_killed_job_resumes_from_its_checkpoint_on_the_same_host(cluster, pari
     assert set(counts.values()) == {16}
     # The count the run page shows is the rows kept: the lost attempt's redone steps left it.
     assert final.trajectories_stored == 10 * 16
+    # Each attempt saved in its own directory. Once attempt 2's checkpoints were recorded, what
+    # they superseded went, attempt 1's directory with its resume point: keep_last (2) remain.
+    root = Path(final.checkpoint_dir)
+    assert Path(attempts[1].resume_from).parent == root / "attempt-1"
+    on_disk = sorted(str(path.relative_to(root)) for path in root.iterdir())
+    assert on_disk == ["attempt-2"], on_disk
+    saved = sorted(path.name for path in (root / "attempt-2").glob("step_*"))
+    assert saved == ["step_00000009", "step_00000010"], saved

@@ -23,7 +23,7 @@ from console.runs.models import (
     RunEvent,
     TrajectoryRecord,
 )
-from console.runs.sink import ConsoleControl, ConsoleSink
+from console.runs.sink import ConsoleControl, ConsoleSink, checkpoints_prune
 from tests.console.factories import attempt_create
 
 pytestmark = pytest.mark.django_db
@@ -408,3 +408,137 @@ def test_a_job_whose_attempt_was_lost_stops_before_its_next_step_without_reporti
     refusal = RunEvent.objects.get(run_id=attempt.run_id, kind="sink.refused")
     assert refusal.data["refused"] == "run.cancelled" and refusal.attempt_id == first.pk
     assert Run.objects.get(pk=attempt.run_id).state == "running"
+
+
+# --- checkpoints: each attempt's own directory, pruned by what the database accepted -----------
+
+
+def test_a_stale_attempts_saves_touch_no_checkpoint_of_the_current_one_and_the_run_resumes_on_its_timeline(  # noqa: E501
+    attempt, tmp_path
+):
+    # Real saves and loads (`training.checkpoint`, a tiny model) with the spec each attempt's
+    # job runs and the console's sink. Attempt 1's job goes on after the run moved on to
+    # attempt 2: its records are refused, and its saves must neither prune attempt 2's resume
+    # point nor replace attempt 2's checkpoint of the same step.
+    from tests.training.conftest import build_tiny_model, tiny_spec
+    from training.checkpoint import load_checkpoint, save_checkpoint
+    from training.spec import RunSpec
+    from training.trainer import Trainer
+
+    model = build_tiny_model(tmp_path / "model")
+    spec = tiny_spec(model, tmp_path)
+    # As the launch pins it (`services.training_spec`): the run's checkpoint directory.
+    root = tmp_path / "run" / "checkpoints"
+    spec["checkpoint"] = {"dir": str(root), "resume": "none", "every_steps": 2, "keep_last": 1}
+    Run.objects.filter(pk=attempt.run_id).update(spec=spec, directory=str(tmp_path / "run"))
+    trainer = Trainer(model, {"zero_optimization": {"stage": 1}}, 1e-3)
+
+    def save(job: Attempt, step: int) -> Path:
+        """A save of the job's loop (`training.loop._Run.save`) with the spec the job runs."""
+        job = Attempt.objects.select_related("run").get(pk=job.pk)
+        policy = RunSpec.from_dict(services.attempt_training_spec(job)).checkpoint
+        state = {"step": step, "saved_by": job.number}
+        keep = policy.keep_last if policy.prune else None
+        path = save_checkpoint(trainer, str(policy.dir), step, state, keep)
+        ConsoleSink(job).checkpoint({"step": step, "path": str(path), "reason": "periodic"})
+        return path
+
+    def resume_point() -> dict[str, Any]:
+        """What the run's next attempt resumes from (the scheduler's choice), as its job loads
+        it."""
+        checkpoint = services.last_checkpoint(Run.objects.get(pk=attempt.run_id))
+        assert checkpoint is not None
+        state = load_checkpoint(trainer, checkpoint.path)
+        return {"step": state["step"], "saved_by": state["saved_by"]}
+
+    first = attempt
+    save(first, 2)
+    # Attempt 1's host goes silent: lost, and the run resumes on attempt 2 from step 2.
+    Attempt.objects.filter(pk=first.pk).update(state="lost", outcome="lost")
+    checkpoint = services.last_checkpoint(first.run)
+    second = attempt_create(
+        first.run, first.host, number=2, state="running", resume_from=checkpoint.path,
+        start_step=checkpoint.step,
+    )  # fmt: skip
+    # The old job saves its next periodic checkpoint before its next poll stops it (with the
+    # library pruning to keep_last=1 in a shared directory, this removed step 2).
+    with pytest.raises(services.AttemptNotCurrent):
+        save(first, 4)
+    assert resume_point() == {"step": 2, "saved_by": 1}
+    save(second, 4)
+    save(second, 6)
+    # A job that hung (its host frozen) and woke up saves the step attempt 2 saved last.
+    with pytest.raises(services.AttemptNotCurrent):
+        save(first, 6)
+    assert resume_point() == {"step": 6, "saved_by": 2}
+    # What attempt 2's next accepted checkpoint supersedes goes, the old job's saves included.
+    save(second, 8)
+    saved = sorted(str(p.relative_to(root)) for p in root.glob("*/step_*"))
+    assert saved == ["attempt-2/step_00000008"]
+    assert resume_point() == {"step": 8, "saved_by": 2}
+
+
+def test_pruning_keeps_the_newest_recorded_and_promoted_checkpoints_and_never_a_newer_attempts(
+    attempt, tmp_path, people
+):
+    run = attempt.run
+    Run.objects.filter(pk=run.pk).update(
+        directory=str(tmp_path / "run"), spec={"checkpoint": {"keep_last": 2}}
+    )
+    run.refresh_from_db()
+    root = Path(run.checkpoint_dir)
+    layout = [
+        "step_00000001",  # the shared directory of before attempts had their own
+        "latest",
+        "attempt-1/step_00000002",  # recorded, then promoted to a model version
+        "attempt-1/step_00000004",  # recorded, superseded
+        "attempt-1/step_00000006",  # saved by attempt 1's job after the run moved on
+        "attempt-1/step_00000008.partial",
+        "attempt-2/step_00000006",  # recorded, superseded by two newer ones
+        "attempt-2/step_00000008",
+        "attempt-2/step_00000010",
+        "attempt-2/step_00000012.partial",  # being saved: ahead of its record
+        "attempt-3/step_00000010",  # a newer attempt's: not this one's to judge
+    ]
+    for name in layout:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        if name == "latest":
+            (root / name).write_text("step_00000001")
+        else:
+            (root / name).mkdir()
+    Attempt.objects.filter(pk=attempt.pk).update(state="lost")
+    second = attempt_create(run, attempt.host, number=2, state="running")
+    for job, step in [(attempt, 1), (attempt, 2), (attempt, 4), (second, 6), (second, 8)]:
+        name = f"attempt-{job.number}/step_{step:08d}" if step > 1 else f"step_{step:08d}"
+        Checkpoint.objects.create(
+            run=run, attempt=job, step=step, path=str(root / name), reason="periodic"
+        )
+    promoted = Checkpoint.objects.get(run=run, step=2)
+    promotion = services._model_version_create(
+        actor=people.owner, model=run.model_version.model, path=promoted.path, source=promoted
+    )
+    # A record of attempt 1's, now refused, prunes nothing.
+    with pytest.raises(services.AttemptNotCurrent):
+        ConsoleSink(attempt).checkpoint({"step": 6, "path": str(root / "attempt-1/step_00000006")})
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == sorted(
+        {*layout, "attempt-1", "attempt-2", "attempt-3"}
+    )
+    ConsoleSink(second).checkpoint(
+        {"step": 10, "path": str(root / "attempt-2/step_00000010"), "reason": "periodic"}
+    )
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == [
+        "attempt-1",
+        "attempt-1/step_00000002",
+        "attempt-2",
+        "attempt-2/step_00000008",
+        "attempt-2/step_00000010",
+        "attempt-2/step_00000012.partial",
+        "attempt-3",
+        "attempt-3/step_00000010",
+    ]
+    # Once nothing in an old attempt's directory is kept, the directory goes too.
+    promotion.delete()
+    assert checkpoints_prune(Attempt.objects.get(pk=second.pk)) == [
+        root / "attempt-1/step_00000002"
+    ]
+    assert not (root / "attempt-1").exists()

@@ -60,6 +60,13 @@ def test_pruning_keeps_the_newest_and_never_what_was_just_written(trainer, tmp_p
     assert find_latest(root) == path
 
 
+def test_a_save_that_does_not_prune_leaves_every_checkpoint_to_its_caller(trainer, tmp_path):
+    # The console's jobs (`prune: false`): what goes is decided by what its database accepted.
+    for step in (2, 6, 4):
+        save_checkpoint(trainer, tmp_path, step, {"step": step}, keep_last=None)
+    assert names(tmp_path) == ["step_00000002", "step_00000004", "step_00000006"]
+
+
 def test_a_checkpoint_from_another_world_size_is_refused_by_name(trainer, tmp_path):
     path = save_checkpoint(trainer, tmp_path, 2, {"step": 2}, keep_last=1)
     state_file = path / "run_state.json"

@@ -1,6 +1,7 @@
 """`manage.py run_attempt ID`: one attempt's job, started by the host agent (never by hand in
 production: the agent claims the attempt first). Builds the `RunSpec` from the run's pinned
-spec, resumes from the checkpoint the attempt was given, and calls
+spec (`services.attempt_training_spec`: saving in the attempt's own directory), resumes from
+the checkpoint the attempt was given, and calls
 ``training.run(spec, ConsoleSink(attempt), ConsoleControl(attempt))``; then records the outcome.
 Ranks other than 0 (under torchrun, or on a gang's other hosts) report nothing: rank 0 speaks
 for the job. In a gang, rank 0 does not report a failure that another node's death caused:
@@ -61,9 +62,7 @@ class Command(BaseCommand):
         except Attempt.DoesNotExist:
             raise CommandError(f"no attempt {options['attempt_id']}") from None
         rank = int(os.environ.get("RANK", "0"))
-        data = dict(attempt.run.spec)
-        data["checkpoint"] = {**data.get("checkpoint", {}), "resume": attempt.resume_from or "none"}
-        spec = RunSpec.from_dict(data)
+        spec = RunSpec.from_dict(services.attempt_training_spec(attempt))
         refusals: list[Any] = []  # what says, after the run, that the attempt was not current
         if rank == 0:
             # SIGTERM (the agent's first step when a preemption is approved) is a preempt too:
