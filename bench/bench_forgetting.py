@@ -46,6 +46,7 @@ import torch
 # Run as a script from the repository root (python bench/bench_forgetting.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.checkpoint import hf_copy
 from training.control import StaticControl
 from training.demo.domains import DemoDomain, demo_domains, get_domain
 from training.ewc import EWCPenalty, causal_lm_nll, estimate_fisher, fisher_batches
@@ -251,7 +252,7 @@ def run_phase(spec: RunSpec, say: Say) -> PhaseResult:
     return PhaseResult(
         start=_rewards(before, spec.domain_names),
         end=_rewards(after, spec.domain_names),
-        model_dir=Path(outcome.checkpoint) / "hf",
+        model_dir=hf_copy(outcome.checkpoint),
         seconds=time.perf_counter() - started,
     )
 

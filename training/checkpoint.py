@@ -50,6 +50,15 @@ __all__ = [
 
 COMPLETE_MARKER = "COMPLETE"
 _PREFIX = "step_"
+_HF_COPY = "hf"
+
+
+def hf_copy(checkpoint: str | Path) -> Path:
+    """The checkpoint's Hugging Face copy of the weights (``config.json``, safetensors,
+    tokenizer): what a later run, vLLM or a promotion to a model version starts from. The
+    checkpoint's own top level holds DeepSpeed's shards and the run state, which only a resume
+    reads."""
+    return Path(checkpoint) / _HF_COPY
 
 
 def _tag(step: int) -> str:
@@ -130,7 +139,7 @@ def save_checkpoint(
         (staging / "run_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
     # The Hugging Face copy is what a later run (or vLLM) starts from; under ZeRO-3 writing it
     # gathers the partitions, so every rank takes part.
-    trainer.save_pretrained(staging / "hf", writer=rank == 0)
+    trainer.save_pretrained(hf_copy(staging), writer=rank == 0)
     _barrier()
     if rank == 0:
         (staging / COMPLETE_MARKER).write_text(json.dumps({"step": step}) + "\n")

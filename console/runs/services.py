@@ -208,7 +208,10 @@ def checkpoint_promote(
         _check_slug(slug)
     except ValidationError as error:
         raise ValidationError({"slug": error.messages}) from None
-    if not (Path(checkpoint.path) / "config.json").is_file():
+    from training.checkpoint import hf_copy
+
+    weights = hf_copy(checkpoint.path)
+    if not (weights / "config.json").is_file():
         raise ValidationError(
             {"checkpoint": ["its weights are no longer on disk (only the newest few are kept)"]}
         )
@@ -224,7 +227,7 @@ def checkpoint_promote(
             },
         )
         version = _model_version_create(
-            actor=actor, model=model, path=checkpoint.path, source=checkpoint
+            actor=actor, model=model, path=str(weights), source=checkpoint
         )
         audit_record(
             actor=actor,

@@ -60,8 +60,8 @@ def run(people: Any, registry: Any, settings: Any, tmp_path: Path) -> Run:
     sink.trajectories([trajectory(1, 0, reward=0.0), trajectory(1, 1, reward=1.0)])
     sink.metrics(1, {"reward/mean": 0.5})
     checkpoint_dir = tmp_path / "ckpt"
-    checkpoint_dir.mkdir()
-    (checkpoint_dir / "config.json").write_text("{}")
+    (checkpoint_dir / "hf").mkdir(parents=True)  # the layout training.checkpoint saves
+    (checkpoint_dir / "hf" / "config.json").write_text("{}")
     sink.checkpoint({"step": 1, "path": str(checkpoint_dir), "reason": "periodic"})
     services.attempt_append_log(attempt.pk, "step 1 done\n")
     return Run.objects.get(pk=launched.pk)

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from console.runs.launch import default_document
-from console.runs.models import Attempt, Checkpoint, MetricRow, Run, RunEvent, TrajectoryRecord
+from console.runs.models import (
+    Attempt,
+    Checkpoint,
+    MetricRow,
+    ModelVersion,
+    Run,
+    RunEvent,
+    TrajectoryRecord,
+)
 from tests.console.runs_cluster import Cluster, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -82,7 +90,17 @@ def test_a_run_launched_through_the_api_learns_and_everything_lands_in_postgres(
     }
     assert sorted(held_out) == [0, 20, 40]
     assert held_out[40] > held_out[0] + 0.2, held_out
-    assert Checkpoint.objects.filter(run=final).exists()
+    newest = Checkpoint.objects.filter(run=final).order_by("-step").first()
+    assert newest is not None
+    # Promoted, the checkpoint is a model a run can start from: its Hugging Face weights.
+    response = api_client_as("owner").post(
+        f"/api/checkpoints/{newest.pk}/promote",
+        data=json.dumps({"slug": "parity-tuned"}),
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content
+    weights = Path(ModelVersion.objects.get(model__slug="parity-tuned").path)
+    assert (weights / "config.json").is_file() and list(weights.glob("*.safetensors"))
     kinds = set(RunEvent.objects.filter(run=final).values_list("kind", flat=True))
     assert {"run.queued", "attempt.scheduled", "run.started", "run.completed"} <= kinds
     attempt = agent_done(final, cluster)

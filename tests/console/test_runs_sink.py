@@ -25,6 +25,7 @@ from console.runs.models import (
 )
 from console.runs.sink import ConsoleControl, ConsoleSink, checkpoints_prune
 from tests.console.factories import attempt_create
+from training.checkpoint import hf_copy
 
 pytestmark = pytest.mark.django_db
 
@@ -515,7 +516,10 @@ def test_pruning_keeps_the_newest_recorded_and_promoted_checkpoints_and_never_a_
         )
     promoted = Checkpoint.objects.get(run=run, step=2)
     promotion = services._model_version_create(
-        actor=people.owner, model=run.model_version.model, path=promoted.path, source=promoted
+        actor=people.owner,
+        model=run.model_version.model,
+        path=str(hf_copy(promoted.path)),
+        source=promoted,
     )
     # A record of attempt 1's, now refused, prunes nothing.
     with pytest.raises(services.AttemptNotCurrent):

@@ -102,7 +102,7 @@ def lab(people: Any, tmp_path: Path, settings: Any) -> Lab:
         run=run,
         attempt=attempt,
         step=2,
-        path=model_dir(tmp_path / "runs" / "ckpt-2"),
+        path=str(Path(model_dir(tmp_path / "runs" / "ckpt-2" / "hf")).parent),  # as saved
         reason="periodic",
     )
     MetricRow.objects.create(
@@ -248,6 +248,8 @@ def test_promoting_a_checkpoint_is_for_the_team_researchers(
     promoted = ModelVersion.objects.filter(source_checkpoint=lab.checkpoint).first()
     assert (promoted is not None) == allowed
     if promoted is not None:
+        # The version is the checkpoint's Hugging Face copy: what a run can start from.
+        assert Path(promoted.path) == Path(lab.checkpoint.path) / "hf"
         assert response["Location"] == reverse(
             "runs:model_version", args=[promoted.model_id, promoted.number]
         )
