@@ -85,6 +85,7 @@ def _setup_programs(monkeypatch: pytest.MonkeyPatch, launcher: str) -> set[str]:
     """The programs running in a sandbox's cgroup while its command sleeps."""
     monkeypatch.setenv("SANDBOXES_LAUNCHER", launcher)
     monkeypatch.setenv("SANDBOXES_PRESTART", "0")
+    monkeypatch.setenv("SANDBOXES_SUPERVISE", "never")  # pid 1 is the init, not a supervisor
     sandbox = Sandbox(SandboxSpec(timeout_s=60)).open()
     try:
         group = sandbox._require().cgroup  # type: ignore[attr-defined]
