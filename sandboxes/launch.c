@@ -434,11 +434,18 @@ static int native(char **args) {
             command = args + k + 1;
             break;
         }
-        if (is_flag(a, "--unshare-user") || is_flag(a, "--unshare-pid") ||
-            is_flag(a, "--unshare-ipc") || is_flag(a, "--unshare-uts") ||
-            is_flag(a, "--unshare-net") || is_flag(a, "--unshare-cgroup-try"))
-            unshared++;
-        else if (is_flag(a, "--as-pid-1"))
+        static const char *const namespaces[] = {"--unshare-user", "--unshare-pid",
+                                                 "--unshare-ipc", "--unshare-uts",
+                                                 "--unshare-net", "--unshare-cgroup-try"};
+        int known = 0;
+        for (int n = 0; n < 6; n++)
+            if (is_flag(a, namespaces[n])) {
+                unshared |= 1 << n; /* each one, not a count: a repeated flag is no other */
+                known = 1;
+            }
+        if (known)
+            continue;
+        if (is_flag(a, "--as-pid-1"))
             as_pid_1 = 1;
         else if (is_flag(a, "--die-with-parent"))
             die_with_parent = 1;
@@ -497,7 +504,7 @@ static int native(char **args) {
     }
     /* Every namespace, and the command as pid 1: what bwrap.py always asks for. Anything
      * less is a call this launch was not written for. */
-    if (!command || !command[0] || unshared != 6 || !as_pid_1 || !hostname) {
+    if (!command || !command[0] || unshared != 0x3f || !as_pid_1 || !hostname) {
         errno = EINVAL;
         native_fail("needs every --unshare-*, --as-pid-1, --hostname and a command", NULL);
     }

@@ -120,6 +120,10 @@ def test_the_native_launch_starts_no_bwrap(monkeypatch):
     "change",
     [
         pytest.param(lambda args: [a for a in args if a != "--unshare-net"], id="a namespace less"),
+        pytest.param(
+            lambda args: ["--unshare-user" if a == "--unshare-net" else a for a in args],
+            id="one namespace twice, another not",
+        ),
         pytest.param(lambda args: [a for a in args if a != "--as-pid-1"], id="not as pid 1"),
         pytest.param(lambda args: ["--share-net", *args], id="an option it does not know"),
         pytest.param(lambda args: ["--cap-add", "ALL", *args], id="capabilities asked for"),
