@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandboxes import PythonZygote, Sandbox, SandboxPool, SandboxSpec, Snapshot, reaper, spares
+from sandboxes.bwrap import launcher_mode
 from sandboxes.workspace import sandboxes_root
 
 COMMAND = ["python3", "-c", "pass"]
@@ -566,7 +567,14 @@ def main() -> int:
     ballast = bytearray(args.host_mb * 2**20)
     for page in range(0, len(ballast), 4096):
         ballast[page] = 1  # resident, not just reserved
-    print("load:", os.getloadavg(), "cpus:", os.cpu_count(), f"host ballast: {args.host_mb} MB")
+    print(
+        "load:",
+        os.getloadavg(),
+        "cpus:",
+        os.cpu_count(),
+        f"host ballast: {args.host_mb} MB",
+        f"launcher: {launcher_mode()} (SANDBOXES_LAUNCHER)",
+    )
     fair = BenchGroups()  # before anything makes the sandboxes' parent
     try:
         latency(args.iterations, fair)

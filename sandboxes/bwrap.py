@@ -318,9 +318,29 @@ LAUNCHER_PREFIX = "sandbox-launch-"
 _STAGING_PREFIX = ".sandbox-launch-"
 
 
+LAUNCHER_MODES = ("bwrap", "native", "shell")
+
+
+def launcher_mode() -> str:
+    """``SANDBOXES_LAUNCHER``: who sets a sandbox up.
+
+    ``bwrap`` (default): ``sandbox-launch`` (cgroup join, limits, ids) execs bwrap, which makes
+    the namespaces and mounts. ``native``: ``sandbox-launch --native`` carries out the same
+    bwrap arguments itself (``launch.c``: same namespaces, mounts, flags, id maps, capability
+    drop and seccomp filter, in bwrap's order), one static exec instead of bwrap's dynamically
+    linked one; where the launcher cannot be built or executed (no C compiler, a ``noexec``
+    root), the shell launch and bwrap, as for the default. ``shell``: ``/bin/sh`` and setpriv
+    in place of the compiled launcher, then bwrap.
+    """
+    mode = os.environ.get("SANDBOXES_LAUNCHER", "bwrap") or "bwrap"
+    if mode not in LAUNCHER_MODES:
+        raise SandboxError(f"SANDBOXES_LAUNCHER must be one of {', '.join(LAUNCHER_MODES)}")
+    return mode
+
+
 def launch_binary(root: Path) -> str | None:
     """``sandbox-launch`` for this root (see ``_launch_binary``), or None for the shell launch."""
-    if os.environ.get("SANDBOXES_LAUNCHER") == "shell":
+    if launcher_mode() == "shell":
         return None
     binary = _launch_binary(root)
     if binary is not None and not os.path.exists(binary):
@@ -438,7 +458,11 @@ def _runs(binary: Path) -> bool:
 
 
 def launcher(
-    procs_paths: list[bytes], rlimits: list[tuple[int, int]], uid: int | None, gid: int | None
+    procs_paths: list[bytes],
+    rlimits: list[tuple[int, int]],
+    uid: int | None,
+    gid: int | None,
+    native: bool = False,
 ) -> list[str] | None:
     """The argv prefix that starts bwrap inside the run's cgroup, limits and ids, or None.
 
@@ -455,6 +479,10 @@ def launcher(
     exec "$@"' sh [setpriv ...] bwrap ...``: two dynamically linked execs, ~0.6 ms more per
     launch here. None when a limit has no ``ulimit`` form or setpriv is missing (the caller
     falls back to a ``preexec_fn``).
+
+    With ``native`` (``SANDBOXES_LAUNCHER=native``) the launcher, after the same steps, carries
+    out bwrap's arguments itself instead of executing bwrap (``launch.c``'s ``--native``); where
+    there is no launcher binary, bwrap is launched as above.
     """
     binary = launch_binary(sandboxes_root())
     if binary is not None:
@@ -465,6 +493,8 @@ def launcher(
             prefix += ["--rlimit", str(limit), str(value)]
         if uid is not None and gid is not None:
             prefix += ["--ids", str(uid), str(gid)]
+        if native:
+            prefix.append("--native")  # bwrap's arguments, carried out by the launcher itself
         return [*prefix, "--"]
     steps = [f"echo 0 >{shlex.quote(os.fsdecode(path))}" for path in procs_paths]
     for limit, value in rlimits:
@@ -517,6 +547,7 @@ def spawn_bwrap(
     rlimits: list[tuple[int, int]],
     uid: int | None,
     gid: int | None,
+    native: bool = False,
     **popen: object,
 ) -> subprocess.Popen[bytes]:
     """Starts ``args`` (bwrap's argv, ending in ``-- command...``) in the run's cgroups with
@@ -525,7 +556,7 @@ def spawn_bwrap(
     separator = args.index("--")
     setenv = [item for name, value in env.items() for item in ("--setenv", name, value)]
     args = [*args[:separator], "--clearenv", *setenv, *args[separator:]]
-    prefix = launcher(procs_paths, rlimits, uid, gid)
+    prefix = launcher(procs_paths, rlimits, uid, gid, native)
     if prefix is not None:
         return subprocess.Popen([*prefix, *args], env=LAUNCH_ENV, **popen)  # type: ignore[call-overload, no-any-return]
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
@@ -641,6 +672,9 @@ class BwrapDriver:
         self._lock = threading.Lock()
         self._running: subprocess.Popen[bytes] | None = None
         self.supervise = supervise_mode()
+        #: ``SANDBOXES_LAUNCHER=native``: launch.c sets the namespaces up, not bwrap (fixed
+        #: here, so a spare made later on the reaper's thread is set up as its shape says).
+        self.native = launcher_mode() == "native"
         #: ``exec`` (commands) or ``python`` (a zygote, see sandboxes.zygote), and its imports.
         self.supervisor_mode = "exec"
         self.supervisor_preload: tuple[str, ...] = ()
@@ -726,6 +760,7 @@ class BwrapDriver:
             None if self.image_path is None else str(self.image_path),
             self.writable_image,
             launch_binary(self.root),  # the init that waits, and the launch of it
+            self.native,  # who set a started-ahead sandbox up
         )
 
     def _first_run_is_bwrap(self) -> bool:
@@ -801,6 +836,7 @@ class BwrapDriver:
                 self._rlimits(),
                 self.uid,
                 self.gid,
+                native=self.native,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -1218,6 +1254,7 @@ class BwrapDriver:
                 self._rlimits(),
                 self.uid,
                 self.gid,
+                native=self.native,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -1452,6 +1489,7 @@ class BwrapDriver:
                     self._rlimits(),
                     self.uid,
                     self.gid,
+                    native=self.native,
                     stdin=subprocess.PIPE if data else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,

@@ -655,11 +655,18 @@ def test_bwrap_is_launched_without_a_python_preexec_fn(monkeypatch):
 def test_the_spec_environment_reaches_the_command_but_not_the_launch_or_bwrap(
     supervise, monkeypatch
 ):
-    """The launch shell runs as root: a spec's LD_PRELOAD must not load anything into it."""
+    """The launch shell runs as root: a spec's LD_PRELOAD must not load anything into it.
+
+    The process that sets the sandbox up is bwrap, or with ``SANDBOXES_LAUNCHER=native`` the
+    launcher itself (the monitor outside the namespaces)."""
     import threading
 
-    from sandboxes.bwrap import bwrap_path
+    from sandboxes.bwrap import bwrap_path, launch_binary, launcher_mode
+    from sandboxes.workspace import sandboxes_root
 
+    setup = bwrap_path()
+    if launcher_mode() == "native":
+        setup = launch_binary(sandboxes_root()) or setup
     monkeypatch.setenv("SANDBOXES_SUPERVISE", supervise)
     spec = SandboxSpec(timeout_s=60, env={"SANDBOX_MARK": "spec-variable", "LD_PRELOAD": ""})
     sandbox = Sandbox(spec).open()
@@ -674,11 +681,11 @@ def test_the_spec_environment_reaches_the_command_but_not_the_launch_or_bwrap(
             for pid in group.pids():
                 with contextlib.suppress(OSError):
                     program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-                    if program in (os.fsencode(bwrap_path()), b"sleep"):
+                    if program in (os.fsencode(setup), b"sleep"):
                         environs[os.fsdecode(program)] = Path(f"/proc/{pid}/environ").read_bytes()
         assert b"SANDBOX_MARK=spec-variable" in environs["sleep"]
-        assert b"SANDBOX_MARK" not in environs[bwrap_path()]
-        assert b"LD_PRELOAD" not in environs[bwrap_path()]
+        assert b"SANDBOX_MARK" not in environs[setup]
+        assert b"LD_PRELOAD" not in environs[setup]
     finally:
         sandbox.close()
         runner.join(timeout=20)
