@@ -59,23 +59,28 @@ def leftovers(name: str, marker: str | None = None) -> list[str]:
 
 def skip_unless_sandboxes_start_ahead() -> None:
     """Sandboxes are started ahead only with the compiled launcher (its init waits for the
-    first command); the shell launch has none."""
-    from sandboxes.bwrap import launch_binary
+    first command), the shell launch has none, and only while ``SANDBOXES_PRESTART`` allows."""
+    from sandboxes.bwrap import launch_binary, prestart_enabled
     from sandboxes.workspace import sandboxes_root
 
+    if not prestart_enabled():
+        pytest.skip("SANDBOXES_PRESTART=0: nothing is started ahead")
     if launch_binary(sandboxes_root()) is None:
         pytest.skip("no C compiler here: no init waits for a command, nothing is started ahead")
 
 
 def open_started_ahead(spec):  # type: ignore[no-untyped-def]
     """An open sandbox of ``spec`` that took a spare whose bwrap was started ahead and waits
-    for its first command (``sandboxes.bwrap.Prestarted``)."""
+    for its first command (``sandboxes.bwrap.Prestarted``); skips where none can be."""
     from sandboxes import Sandbox, reaper
 
+    skip_unless_sandboxes_start_ahead()
     Sandbox(spec).open().close()  # spares of this shape are made (at open if none, and close)
     assert reaper.drain(timeout=30)
     sandbox = Sandbox(spec).open()
-    assert sandbox._require()._prestarted is not None, "no spare started ahead was ready"
+    if sandbox._require()._prestarted is None:
+        sandbox.close()  # not left open for the next tests to find as a leftover
+        pytest.fail("no spare started ahead was ready")
     return sandbox
 
 
