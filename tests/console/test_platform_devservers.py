@@ -63,6 +63,20 @@ def test_run_starts_private_servers_passes_the_exit_status_and_leaves_nothing(tm
     assert not Path(report["root"]).exists()
 
 
+@pytest.mark.slow
+def test_run_keeps_its_servers_under_the_configured_var_dir(tmp_path):
+    # The command's parent is devservers: its run directory is named after that pid.
+    probe = (
+        "import os, pathlib, sys; print(pathlib.Path(sys.argv[1], f'run-{os.getppid()}').is_dir())"
+    )
+    env = clean_env(CONSOLE_VAR_DIR=str(tmp_path))
+    process = devservers("run", "--", sys.executable, "-c", probe, str(tmp_path), env=env)
+    output, _ = process.communicate(timeout=180)
+    assert process.returncode == 0
+    assert output.strip().splitlines()[-1] == "True"
+    assert not list(tmp_path.glob("run-*"))  # removed at the end, as under var/
+
+
 def test_run_starts_nothing_when_both_urls_are_given():
     env = {
         **os.environ,
