@@ -182,7 +182,7 @@ static int init_wait(const char *fd_text) {
         start += strlen(field[k]) + 1;
     }
     unsigned long long count = number(field[1]);
-    if (count + 3 > fields)
+    if (count > fields - 3) /* not count + 3 > fields: a count near 2^64 would wrap past it */
         return malformed();
     char **env = calloc(count + 1, sizeof(char *));
     if (!env) {

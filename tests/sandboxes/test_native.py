@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -208,6 +210,29 @@ def test_a_destination_through_a_symlink_a_run_left_is_refused():
             _refused(_native_launch([*args, "--", "/bin/sh", "-c", "echo ran"]))
             assert list(host.iterdir()) == []
         assert (work / "link").is_symlink()
+
+
+@pytest.mark.parametrize("count", [b"2", b"18446744073709551615", b"18446744073709551614"])
+def test_the_init_refuses_a_command_whose_environment_count_is_past_its_fields(count):
+    """``--init-wait``'s message (``launch.c``): a count of environment entries past the
+    fields sent is malformed, however large (one near 2^64 once wrapped the bound check and
+    the init wrote past its array)."""
+    launch = launch_binary(sandboxes_root())
+    assert launch is not None
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours:
+        init = subprocess.Popen(
+            [launch, "--init-wait", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        theirs.close()
+        fields = b"/\0" + count + b"\0true\0"
+        ours.sendall(struct.pack("=Q", len(fields)) + fields)
+        out, err = init.communicate(timeout=30)
+    assert (init.returncode, out, err) == (125, b"", b"sandbox-init: malformed command\n")
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
