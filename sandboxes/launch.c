@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,7 +458,7 @@ static int is_flag(const char *arg, const char *name) { return strcmp(arg, name)
 
 static int descriptor(const char *text) {
     unsigned long long fd = number(text);
-    if (fd > 65535) { /* not one that (int) would turn into another, such as 1 */
+    if (fd > INT_MAX) { /* not one that (int) would turn into another, such as 1 */
         errno = EBADF;
         native_fail("not a descriptor:", text);
     }

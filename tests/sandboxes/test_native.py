@@ -162,6 +162,10 @@ def _refused(result: subprocess.CompletedProcess[str]) -> None:
         pytest.param(lambda args: ["--dir", "/../escape", *args], id="a destination with .."),
         pytest.param(lambda args: ["--dir", "escape", *args], id="a relative destination"),
         pytest.param(lambda args: ["--hostname", "other", *args], id="a single option twice"),
+        # 2^32 + 1 as an int is 1: the status would go to stdout, and the sandbox lose it.
+        pytest.param(
+            lambda args: ["--json-status-fd", "4294967297", *args], id="a descriptor past int"
+        ),
     ],
 )
 def test_the_native_launch_refuses_arguments_it_was_not_written_for(change):
