@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,7 +183,7 @@ static int init_wait(const char *fd_text) {
         start += strlen(field[k]) + 1;
     }
     unsigned long long count = number(field[1]);
-    if (count + 3 > fields)
+    if (count > fields - 3) /* not count + 3 > fields: a count near 2^64 would wrap past it */
         return malformed();
     char **env = calloc(count + 1, sizeof(char *));
     if (!env) {
@@ -241,13 +242,44 @@ static void map_ids(int proc_fd, unsigned inside_uid, unsigned outside_uid, unsi
     write_text(proc_fd, "self/gid_map", line);
 }
 
-/* mkdir -p of PATH's parents (0755, as bwrap's mkdir_with_parents). */
+/* A directory that is there and is no symlink (lstat: a link is not followed). */
+static int is_real_dir(const char *path) {
+    struct stat info;
+    return lstat(path, &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+/* mkdir -p of PATH's parents (0755, as bwrap's mkdir_with_parents), except that a parent that
+ * is a symlink stops the launch: bwrap follows it, and an absolute link then resolves in the
+ * set-up root, where /oldroot is the host's whole tree (a link that a run left in a writable
+ * bind would have the set-up make directories, or mount, on the host's side of it). */
 static void make_parents(char *path) {
     for (char *slash = strchr(path + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
         *slash = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        if (mkdir(path, 0755) != 0 && !(errno == EEXIST && is_real_dir(path))) {
+            if (errno == EEXIST)
+                errno = ELOOP;
             native_fail("cannot make directory", path);
+        }
         *slash = '/';
+    }
+}
+
+/* A destination in the sandbox: absolute, with no empty, "." or ".." component (bwrap puts
+ * any string after "/newroot/"; "/../x" or a relative one would land outside the new root). */
+static int clean_dest(const char *dest) {
+    if (dest[0] != '/')
+        return 0;
+    if (dest[1] == '\0')
+        return 1; /* "/" itself */
+    for (const char *part = dest + 1;; ) {
+        const char *end = strchr(part, '/');
+        size_t length = end ? (size_t)(end - part) : strlen(part);
+        if (length == 0 || (length == 1 && part[0] == '.') ||
+            (length == 2 && part[0] == '.' && part[1] == '.'))
+            return 0;
+        if (!end)
+            return 1;
+        part = end + 1;
     }
 }
 
@@ -277,17 +309,25 @@ static void bind_tree(const char *source, const char *dest, unsigned long long a
     close(tree);
 }
 
+/* Both refuse a symlink at PATH itself, for the reason make_parents gives. */
 static void ensure_dir(const char *path) {
-    struct stat info;
-    if (mkdir(path, 0755) != 0 && !(errno == EEXIST && stat(path, &info) == 0 &&
-                                     S_ISDIR(info.st_mode)))
+    if (mkdir(path, 0755) != 0 && !(errno == EEXIST && is_real_dir(path))) {
+        if (errno == EEXIST)
+            errno = ELOOP;
         native_fail("cannot make directory", path);
+    }
 }
 
 static void ensure_file(const char *path) {
     struct stat info;
-    if (stat(path, &info) == 0 && !S_ISDIR(info.st_mode))
-        return;
+    if (lstat(path, &info) == 0) {
+        if (S_ISLNK(info.st_mode)) {
+            errno = ELOOP;
+            native_fail("cannot make file", path);
+        }
+        if (!S_ISDIR(info.st_mode))
+            return;
+    }
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0)
         native_fail("cannot make file", path);
@@ -387,7 +427,7 @@ static void run_op(const struct op *op) {
     case OP_REMOUNT_RO: {
         /* Not recursive, like bwrap's: the mount at DEST only, its other flags kept. */
         struct mount_attr set = {.attr_set = RO_ATTR};
-        if (syscall(SYS_mount_setattr, AT_FDCWD, dest, 0, &set, sizeof set) != 0)
+        if (syscall(SYS_mount_setattr, AT_FDCWD, dest, AT_SYMLINK_NOFOLLOW, &set, sizeof set) != 0)
             native_fail("cannot make read-only", op->dest);
         break;
     }
@@ -415,6 +455,15 @@ static int write_status(int fd, const char *key, long value) {
 }
 
 static int is_flag(const char *arg, const char *name) { return strcmp(arg, name) == 0; }
+
+static int descriptor(const char *text) {
+    unsigned long long fd = number(text);
+    if (fd > INT_MAX) { /* not one that (int) would turn into another, such as 1 */
+        errno = EBADF;
+        native_fail("not a descriptor:", text);
+    }
+    return (int)fd;
+}
 
 /* ARGS: bwrap's arguments after its path, ending in "-- COMMAND...". */
 static int native(char **args) {
@@ -455,19 +504,21 @@ static int native(char **args) {
             disable_userns = 1;
         else if (is_flag(a, "--clearenv"))
             clearenv();
-        else if (is_flag(a, "--hostname") && more >= 1)
+        /* Each of these once: bwrap keeps the last, and an earlier descriptor, never closed,
+         * would reach the sandbox's command. */
+        else if (is_flag(a, "--hostname") && more >= 1 && !hostname)
             hostname = args[++k];
-        else if (is_flag(a, "--chdir") && more >= 1)
+        else if (is_flag(a, "--chdir") && more >= 1 && !cwd)
             cwd = args[++k];
-        else if (is_flag(a, "--json-status-fd") && more >= 1)
-            status_fd = (int)number(args[++k]);
-        else if (is_flag(a, "--seccomp") && more >= 1)
-            seccomp_fd = (int)number(args[++k]);
+        else if (is_flag(a, "--json-status-fd") && more >= 1 && status_fd < 0)
+            status_fd = descriptor(args[++k]);
+        else if (is_flag(a, "--seccomp") && more >= 1 && seccomp_fd < 0)
+            seccomp_fd = descriptor(args[++k]);
         else if (is_flag(a, "--setenv") && more >= 2) {
             if (setenv(args[k + 1], args[k + 2], 1) != 0)
                 native_fail("cannot set", args[k + 1]);
             k += 2;
-        } else if (count < MAX_OPS && more >= 1 &&
+        } else if (count < MAX_OPS && more >= 1 && /* past MAX_OPS: refused below */
                    (is_flag(a, "--proc") || is_flag(a, "--dev") || is_flag(a, "--dir") ||
                     is_flag(a, "--remount-ro"))) {
             ops[count].kind = is_flag(a, "--proc") ? OP_PROC
@@ -502,6 +553,11 @@ static int native(char **args) {
             native_fail("unsupported bwrap argument", a);
         }
     }
+    for (size_t n = 0; n < count; n++)
+        if (!clean_dest(ops[n].dest)) {
+            errno = EINVAL;
+            native_fail("not a clean absolute destination:", ops[n].dest);
+        }
     /* Every namespace, and the command as pid 1: what bwrap.py always asks for. Anything
      * less is a call this launch was not written for. */
     if (!command || !command[0] || unshared != 0x3f || !as_pid_1 || !hostname) {

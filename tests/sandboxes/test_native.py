@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import struct
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -116,6 +119,33 @@ def test_the_native_launch_starts_no_bwrap(monkeypatch):
     assert {launch, "/sandbox-init", "sleep"} <= native, native
 
 
+#: The least a native launch accepts (every namespace, pid 1, a hostname), and a command.
+MINIMAL_ARGS = [
+    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+    "--unshare-cgroup-try", "--hostname", "sandbox", "--as-pid-1",
+    "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+    "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+]  # fmt: skip
+
+
+def _native_launch(args: list[str], **popen: object) -> subprocess.CompletedProcess[str]:
+    """``sandbox-launch --native`` with bwrap's ARGS, dropping to nobody first when root."""
+    launch = launch_binary(sandboxes_root())
+    assert launch is not None
+    ids = ["--ids", "65534", "65534"] if os.geteuid() == 0 else []
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [launch, *ids, "--native", "--", bwrap_path(), *args],
+        capture_output=True,
+        text=True,
+        **popen,
+    )
+
+
+def _refused(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 125, result
+    assert result.stdout == "" and "sandbox-launch: native:" in result.stderr, result
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -127,31 +157,86 @@ def test_the_native_launch_starts_no_bwrap(monkeypatch):
         pytest.param(lambda args: [a for a in args if a != "--as-pid-1"], id="not as pid 1"),
         pytest.param(lambda args: ["--share-net", *args], id="an option it does not know"),
         pytest.param(lambda args: ["--cap-add", "ALL", *args], id="capabilities asked for"),
+        # bwrap puts any destination after "/newroot/": these two would land beside the new
+        # root, in the set-up tmpfs that also holds the host's tree as /oldroot.
+        pytest.param(lambda args: ["--dir", "/../escape", *args], id="a destination with .."),
+        pytest.param(lambda args: ["--dir", "escape", *args], id="a relative destination"),
+        pytest.param(lambda args: ["--hostname", "other", *args], id="a single option twice"),
+        # 2^32 + 1 as an int is 1: the status would go to stdout, and the sandbox lose it.
+        pytest.param(
+            lambda args: ["--json-status-fd", "4294967297", *args], id="a descriptor past int"
+        ),
     ],
 )
 def test_the_native_launch_refuses_arguments_it_was_not_written_for(change):
     """Anything but what bwrap.py writes stops the launch before the namespaces exist."""
-    args = [
-        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-        "--unshare-cgroup-try", "--hostname", "sandbox", "--as-pid-1",
-        "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
-        "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-        "--", "/bin/sh", "-c", "echo ran",
-    ]  # fmt: skip
+    args = [*MINIMAL_ARGS, "--", "/bin/sh", "-c", "echo ran"]
+    ok = _native_launch(args)
+    assert (ok.returncode, ok.stdout) == (0, "ran\n"), ok
+    _refused(_native_launch(change(args)))
+
+
+def test_a_descriptor_option_given_twice_is_refused_not_leaked_into_the_sandbox():
+    """bwrap keeps the last ``--json-status-fd``; the first, never closed, would be open in
+    the sandbox's command (a pipe to the host)."""
+    first_read, first = os.pipe()
+    second_read, second = os.pipe()
+    try:
+        args = [*MINIMAL_ARGS, "--proc", "/proc", "--", "/bin/ls", "/proc/self/fd"]
+        once = _native_launch(["--json-status-fd", str(second), *args], pass_fds=(second,))
+        assert once.returncode == 0 and str(second) not in once.stdout.split(), once
+        twice = _native_launch(
+            ["--json-status-fd", str(first), "--json-status-fd", str(second), *args],
+            pass_fds=(first, second),
+        )
+        assert str(first) not in twice.stdout.split(), twice
+        _refused(twice)
+    finally:
+        for fd in (first_read, first, second_read, second):
+            os.close(fd)
+
+
+def test_a_destination_through_a_symlink_a_run_left_is_refused():
+    """A run leaves, in its writable /work, a link to the host's tree as the set-up sees it
+    (``/oldroot/...``); a later launch on that workspace with a destination below the link
+    must not follow it (bwrap would, and make the directory on the host)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as base:  # noqa: S108 - reachable by nobody
+        os.chmod(base, 0o755)  # noqa: S103 - the launch runs as nobody and must see in
+        work = Path(base) / "work"
+        host = Path(base) / "host"  # a host directory the sandbox's uid may write
+        work.mkdir()
+        host.mkdir()
+        if os.geteuid() == 0:
+            os.chown(host, 65534, 65534)
+        (work / "link").symlink_to(f"/oldroot{host}")
+        for dest in ("/work/link/planted", "/work/link"):
+            args = [*MINIMAL_ARGS, "--bind", str(work), "/work", "--dir", dest]
+            _refused(_native_launch([*args, "--", "/bin/sh", "-c", "echo ran"]))
+            assert list(host.iterdir()) == []
+        assert (work / "link").is_symlink()
+
+
+@pytest.mark.parametrize("count", [b"2", b"18446744073709551615", b"18446744073709551614"])
+def test_the_init_refuses_a_command_whose_environment_count_is_past_its_fields(count):
+    """``--init-wait``'s message (``launch.c``): a count of environment entries past the
+    fields sent is malformed, however large (one near 2^64 once wrapped the bound check and
+    the init wrote past its array)."""
     launch = launch_binary(sandboxes_root())
     assert launch is not None
-    ids = ["--ids", "65534", "65534"] if os.geteuid() == 0 else []
-    ok = subprocess.run(
-        [launch, *ids, "--native", "--", bwrap_path(), *args], capture_output=True, text=True
-    )
-    assert (ok.returncode, ok.stdout) == (0, "ran\n"), ok
-    refused = subprocess.run(
-        [launch, *ids, "--native", "--", bwrap_path(), *change(args)],
-        capture_output=True,
-        text=True,
-    )
-    assert refused.returncode == 125, refused
-    assert refused.stdout == "" and "sandbox-launch: native:" in refused.stderr, refused
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours:
+        init = subprocess.Popen(
+            [launch, "--init-wait", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        theirs.close()
+        fields = b"/\0" + count + b"\0true\0"
+        ours.sendall(struct.pack("=Q", len(fields)) + fields)
+        out, err = init.communicate(timeout=30)
+    assert (init.returncode, out, err) == (125, b"", b"sandbox-init: malformed command\n")
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
