@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Prefetch, Q
+from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from console.accounts.models import Team
@@ -229,6 +229,37 @@ def _last_checkpoints(run_ids: list[int]) -> dict[int, Checkpoint]:
     return {c.run_id: c for c in newest}
 
 
+def _loans(live: dict[int, Attempt], queued: list[int]) -> tuple[set[int], dict[int, int]]:
+    """Preemptible backfill's state, read back from the decision log: the running runs whose
+    current attempt was placed on a head's reserved capacity (its placement decision says
+    so), and per queued run how often such a loan ended with the run stopped (the victims of
+    approved requests that stopped backfilled runs)."""
+    lent: set[int] = set()
+    placed = (
+        SchedulingDecision.objects.filter(run_id__in=list(live), kind=DecisionKind.PLACED)
+        .order_by("run_id", "-created_at", "-id")
+        .distinct("run_id")
+        .values_list("run_id", "reason", "created_at")
+    )
+    for run_id, reason, created_at in placed:
+        # the decision of this attempt's placement, not of an earlier one
+        if created_at >= live[run_id].scheduled_at and policy.placed_lent(reason):
+            lent.add(run_id)
+    stops: dict[int, int] = {}
+    if queued:
+        ended = (
+            PreemptionVictim.objects.filter(
+                run_id__in=queued,
+                request__state__in=[PreemptionState.APPROVED, PreemptionState.DONE],
+                request__reason__contains=policy.LOAN_END_MARK,
+            )
+            .values("run_id")
+            .annotate(n=Count("id"))
+        )
+        stops = {row["run_id"]: row["n"] for row in ended}
+    return lent, stops
+
+
 def _try_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SCHEDULER_LOCK_KEY])
@@ -277,6 +308,7 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
         ):
             running[run.pk] = run
         checkpoints = _last_checkpoints(list(running))
+        lent, loan_stops = _loans({pk: live[pk] for pk in running}, list(queued))
         jobs = [
             _job_view(r, None, now, classes, fallback, pending_victims, open_requesters, {})
             for r in queued.values()
@@ -287,6 +319,9 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
             )
             for r in running.values()
         ]
+        for job in jobs:
+            job.lent = job.run_id in lent
+            job.lent_stops = loan_stops.get(job.run_id, 0)
         quotas = [
             policy.Quota(team=q.team.slug, pool=q.pool.name, gpus=q.gpus)
             for q in TeamQuota.objects.select_related("team", "pool")
@@ -519,6 +554,8 @@ def _approve(request: PreemptionRequest, *, actor: Any, auto: bool) -> None:
     request.decided_at = timezone.now()
     request.save(update_fields=["state", "auto", "decided_by", "decided_at"])
     how = "auto-approved by its class policy" if auto else f"approved by {actor.get_username()}"
+    # a backfilled run lent a head's capacity is stopped on the terms it was placed on
+    what = "backfill ended: stopped" if policy.LOAN_END_MARK in request.reason else "preempted"
     for victim in _victim_runs(request):
         if victim.state in (RunState.SCHEDULED, RunState.RUNNING):
             runs_services.run_command(
@@ -526,7 +563,7 @@ def _approve(request: PreemptionRequest, *, actor: Any, auto: bool) -> None:
                 run=victim,
                 kind=CommandKind.PREEMPT,
                 payload={"preemption_request": request.pk},
-                reason=f"preempted for {request.requester.name} (request #{request.pk}, {how})",
+                reason=f"{what} for {request.requester.name} (request #{request.pk}, {how})",
             )
     _decide(request.requester, DecisionKind.PREEMPTION_APPROVED, f"preemption {how}")
     _record_on_all(request, "preemption.approved", {"auto": auto, "by": _who(actor)})
