@@ -717,3 +717,21 @@ def test_a_lent_job_of_a_higher_class_than_the_head_is_not_stopped_for_it():
     jobs[2].class_name = "batch"
     d = schedule(hosts=fleet, jobs=jobs, classes=classes, quotas=[], now=1000.0)
     assert d.preemptions == []
+
+
+def test_a_gang_may_be_lent_capacity_and_is_stopped_whole():
+    # h1 and h3 idle, h2 busy until t+1000: the head, a 3-host gang, reserves all three; a
+    # 2-host batch gang that runs past t+1000 is lent h1 and h3
+    fleet, jobs = _gang_head_fleet()
+    d = run(fleet, [*jobs, job(11, gpus=8, hosts=2, class_name="batch", est_remaining_s=9e4)])
+    [p] = d.placements
+    assert sorted(a.host for a in p.allocations) == ["h1", "h3"] and p.lent_to == 10
+    # once h2's job is about to end, the lent gang is stopped, both hosts in one plan
+    fleet = fleet_using(("h1", 8), ("h2", 8), ("h3", 8))
+    jobs = [
+        running(11, {"h1": 8, "h3": 8}, class_name="batch", lent=True, last_checkpoint_age_s=60),
+        running(1, {"h2": 8}, class_name="pinned", est_remaining_s=30.0),
+        job(10, gpus=8, hosts=3),
+    ]
+    [plan] = run(fleet, jobs).preemptions
+    assert plan.kind == "backfill" and [v.run_id for v in plan.victims] == [11]
