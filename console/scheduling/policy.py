@@ -167,6 +167,9 @@ MOVE_SEARCHES = 2  # searches for runs to move, per lane and pass
 # while it has been stopped at the end of a loan fewer than LEND_MAX_STOPS times.
 LEND_MIN_S = 600.0
 LEND_MAX_STOPS = 4
+# Lent jobs are stopped this long before the head's other hosts are expected to be free (the
+# time a job takes to save a checkpoint at its next step and exit, roughly; at most its grace).
+LOAN_END_LEAD_S = 60.0
 # How a lent job's placement reason says so ("placed on host-3 by backfill until run 12 can
 # start (then stopped for it)"): the console reads a running job's `lent` back from it.
 LENT_MARK = " by backfill until run "
@@ -291,7 +294,7 @@ class _Lane:
         self._ends: dict[str, float] | None = None
         self._sorted: tuple[int, list[tuple[float, str, int, int]]] | None = None
         self._lent: list[JobView] | None = None  # running jobs lent a head's capacity
-        self._head: dict[tuple[int, int], list[tuple[float, str, int, int]]] = {}
+        self._head: dict[tuple[int, bool, int], list[tuple[float, str, int, int]]] = {}
 
     def sorted_releases(self) -> list[tuple[float, str, int, int]]:
         """`releases` sorted by end; sorted again only after this pass placed more jobs."""
@@ -299,14 +302,15 @@ class _Lane:
             self._sorted = (len(self.placed), sorted(self.releases))
         return self._sorted[1]
 
-    def head_releases(self, value: int) -> list[tuple[float, str, int, int]]:
+    def head_releases(self, value: int, stopped: bool = True) -> list[tuple[float, str, int, int]]:
         """`sorted_releases` as a head of class `value` sees them: the lent jobs of its class
-        or a lower one end as soon as they can be stopped for it (their class's grace)."""
+        or a lower one end as soon as they can be stopped for it (their class's grace), or
+        with `stopped=False` at once (as if they were not there)."""
         if self._lent is None:
             self._lent = [j for j in self.jobs if j.lent]
         if not self._lent:
             return self.sorted_releases()
-        key = (value, len(self.placed))
+        key = (value, stopped, len(self.placed))
         cached = self._head.get(key)
         if cached is not None:
             return cached
@@ -314,7 +318,7 @@ class _Lane:
         for job in self._lent:
             cls = self._classes.get(job.class_name)
             if cls is not None and cls.value <= value:
-                ends[job.run_id] = self._t + cls.grace_s
+                ends[job.run_id] = self._t + (cls.grace_s if stopped else 0.0)
         base = self.sorted_releases()
         if ends:  # few: merged into the sorted list, not sorted again with it
             moved = sorted((min(e, ends[r]), h, u, r) for e, h, u, r in base if r in ends)
@@ -975,24 +979,25 @@ class _Pass:
     def try_end_loans(self, job: JobView, lane: _Lane, need: int) -> bool:
         """A job that would be the head of this lane, and could start once the lent jobs
         (`JobView.lent`) of its class or a lower one on its hosts stop, files a plan that stops
-        them, as soon as everything else on those hosts ends within the lent jobs' grace
-        period (judged from est_remaining_s): they then stop as the last of the others end,
-        and the hosts the head gathered do not idle while they stop. The plan goes through
-        the same approval path as any preemption; the lent jobs go back to the queue at
-        their old place."""
+        them as soon as everything else on those hosts ends within LOAN_END_LEAD_S (or the
+        lent jobs' grace period, if shorter; judged from est_remaining_s): they then stop as
+        the last of the others end, and the hosts the head gathered do not idle while they
+        stop. The plan goes through the same approval path as any preemption; the lent jobs
+        go back to the queue at their old place."""
         cls = self.classes.get(job.class_name)
         if cls is None or lane.reservation is not None:
             return False
         table = lane.lent_table(cls.value)
         if not table:
             return False
-        found = lane.earliest(need, job.hosts, self.now, releases=lane.head_releases(cls.value))
+        releases = lane.head_releases(cls.value, stopped=False)
+        found = lane.earliest(need, job.hosts, self.now, releases=releases)
         if found is None:
             return False
         start, hosts, _ = found
-        grace = max(self.classes[v.class_name].grace_s for rows in table.values() for *_, v in rows)
-        if start > self.now + grace:
-            return False  # others still run there past the lent jobs' grace: not yet
+        grace = min(self.classes[v.class_name].grace_s for rows in table.values() for *_, v in rows)
+        if start > self.now + min(grace, LOAN_END_LEAD_S):
+            return False  # others still run there for a while: the loans go on
         lent_ids = {v.run_id for rows in table.values() for *_, v in rows}
         # on each host, what is free by `start` without the lent jobs
         chosen_hosts = set(hosts)

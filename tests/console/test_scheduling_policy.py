@@ -735,3 +735,15 @@ def test_a_gang_may_be_lent_capacity_and_is_stopped_whole():
     ]
     [plan] = run(fleet, jobs).preemptions
     assert plan.kind == "backfill" and [v.run_id for v in plan.victims] == [11]
+
+
+def test_loans_end_a_minute_before_the_head_can_start_whatever_the_grace_period():
+    slow = PriorityClass(
+        "slow", 10, False, True, "auto_recent_checkpoint", auto_approve_minutes=30, grace_s=3600
+    )
+    classes = {**CLASSES, "slow": slow}
+    for left, stops in ((30.0, True), (600.0, False)):  # an hour's grace would stop it early
+        fleet, jobs = _loan_fleet(blocker_left_s=left)
+        jobs[0].class_name = "slow"
+        d = schedule(hosts=fleet, jobs=jobs, classes=classes, quotas=[], now=1000.0)
+        assert bool(d.preemptions) == stops, left
