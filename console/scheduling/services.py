@@ -229,35 +229,34 @@ def _last_checkpoints(run_ids: list[int]) -> dict[int, Checkpoint]:
     return {c.run_id: c for c in newest}
 
 
-def _loans(live: dict[int, Attempt], queued: list[int]) -> tuple[set[int], dict[int, int]]:
-    """Preemptible backfill's state, read back from the decision log: the running runs whose
-    current attempt was placed on a head's reserved capacity (its placement decision says
-    so), and per queued run how often such a loan ended with the run stopped (the victims of
-    approved requests that stopped backfilled runs)."""
+def _loans(live: dict[int, Attempt]) -> tuple[set[int], dict[int, int]]:
+    """Preemptible backfill's state, read back from the decision log: the running runs (of
+    `live`, by run id) whose current attempt was placed on a head's reserved capacity (its
+    placement decision says so), and per queued run how often such a loan ended with the run
+    stopped (it was a victim of an approved request that stopped backfilled runs)."""
     lent: set[int] = set()
-    placed = (
-        SchedulingDecision.objects.filter(run_id__in=list(live), kind=DecisionKind.PLACED)
-        .order_by("run_id", "-created_at", "-id")
-        .distinct("run_id")
-        .values_list("run_id", "reason", "created_at")
-    )
-    for run_id, reason, created_at in placed:
-        # the decision of this attempt's placement, not of an earlier one
-        if created_at >= live[run_id].scheduled_at and policy.placed_lent(reason):
-            lent.add(run_id)
-    stops: dict[int, int] = {}
-    if queued:
-        ended = (
-            PreemptionVictim.objects.filter(
-                run_id__in=queued,
-                request__state__in=[PreemptionState.APPROVED, PreemptionState.DONE],
-                request__reason__contains=policy.LOAN_END_MARK,
-            )
-            .values("run_id")
-            .annotate(n=Count("id"))
+    if live:
+        since = min(a.scheduled_at for a in live.values())
+        placed = SchedulingDecision.objects.filter(
+            kind=DecisionKind.PLACED,
+            created_at__gte=since,  # the decision log's index on created_at
+            reason__contains=policy.LENT_MARK,
+        ).values_list("run_id", "created_at")
+        for run_id, created_at in placed:
+            # this attempt's placement: an earlier attempt's decision is older than it
+            attempt = live.get(run_id)
+            if attempt is not None and created_at >= attempt.scheduled_at:
+                lent.add(run_id)
+    ended = (
+        PreemptionVictim.objects.filter(
+            run__state=RunState.QUEUED,
+            request__state__in=[PreemptionState.APPROVED, PreemptionState.DONE],
+            request__reason__contains=policy.LOAN_END_MARK,
         )
-        stops = {row["run_id"]: row["n"] for row in ended}
-    return lent, stops
+        .values("run_id")
+        .annotate(n=Count("id"))
+    )
+    return lent, {row["run_id"]: row["n"] for row in ended}
 
 
 def _try_lock() -> bool:
@@ -308,7 +307,7 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
         ):
             running[run.pk] = run
         checkpoints = _last_checkpoints(list(running))
-        lent, loan_stops = _loans({pk: live[pk] for pk in running}, list(queued))
+        lent, loan_stops = _loans({pk: live[pk] for pk in running})
         jobs = [
             _job_view(r, None, now, classes, fallback, pending_victims, open_requesters, {})
             for r in queued.values()

@@ -360,4 +360,4 @@ def test_a_gathering_gangs_host_is_lent_to_a_batch_run_which_stops_when_the_gang
     assert gang.state == RunState.SCHEDULED
     assert gang.attempts.get().allocations.count() == 2
     assert filler.state == RunState.QUEUED  # back in the queue, one loan ended
-    assert services._loans({}, [filler.pk]) == (set(), {filler.pk: 1})
+    assert services._loans({}) == (set(), {filler.pk: 1})
