@@ -237,9 +237,12 @@ def _loans(live: dict[int, Attempt]) -> tuple[set[int], dict[int, int]]:
     lent: set[int] = set()
     if live:
         since = min(a.scheduled_at for a in live.values())
+        # of the runs placed now, the decisions since the oldest live attempt (the planner
+        # goes in by the runs' state or the log's created_at index, whichever is narrower)
         placed = SchedulingDecision.objects.filter(
+            run__state__in=_OCCUPYING_RUN_STATES,
             kind=DecisionKind.PLACED,
-            created_at__gte=since,  # the decision log's index on created_at
+            created_at__gte=since,
             reason__contains=policy.LENT_MARK,
         ).values_list("run_id", "created_at")
         for run_id, created_at in placed:
