@@ -157,6 +157,12 @@ class Decisions:
 # stopped, restarted at once in other hosts' free units) to empty the hosts it needs, when the
 # free units are there but in fragments; the moved runs' class policy must auto-approve it
 # (`_Pass.try_move`). It is filed as a preemption plan and goes through the same approval path.
+#
+# Loans (preemptible backfill): a job that would run past the head's start may still take the
+# head's reserved units, when its class may be preempted with auto-approval and is not above
+# the head's; it is placed "by backfill until run N can start". The head's reservation counts
+# such jobs as gone once stopped, and when the rest of its hosts are about to be free, it files
+# a "backfill" plan that stops them (`_Pass.try_end_loans`), through the same approval path.
 
 _INF = float("inf")
 PREEMPTION_SEARCHES = 4  # per lane (pool and resource) and pass
@@ -1005,12 +1011,13 @@ class _Pass:
         for end, h, units, rid in lane.releases:
             if h in chosen_hosts and end <= start and rid not in lent_ids:
                 base[h] += units
-        victims: list[JobView] = []
+        stopping: dict[int, JobView] = {}  # a lent gang chosen on one host frees all of them
         for h in hosts:
-            deficit = need - base[h]
+            rows = table.get(h, [])
+            deficit = need - base[h] - sum(r[0] for r in rows if r[2].run_id in stopping)
             if deficit <= 0:
                 continue
-            rows = [r for r in table.get(h, ()) if r[2].run_id not in self.victims]
+            rows = [r for r in rows if r[2].run_id not in self.victims | stopping.keys()]
             # the fewest units that cover the deficit: one job that does, or the largest first
             alone = [r for r in rows if r[0] >= deficit]
             if alone:
@@ -1024,10 +1031,10 @@ class _Pass:
                         break
                 if got < deficit:
                     return False
-            victims.extend(r[2] for r in chosen if r[2] not in victims)
-        if not victims:
+            stopping.update((r[2].run_id, r[2]) for r in chosen)
+        if not stopping:
             return False  # it fits without stopping anything: only a reservation keeps it out
-        self.file_plan(job, lane, need, hosts, victims, False, "backfill")
+        self.file_plan(job, lane, need, hosts, list(stopping.values()), False, "backfill")
         return True
 
     # -- moving runs to free whole hosts (defragmentation) ---------------------------------
