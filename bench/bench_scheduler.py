@@ -2,9 +2,9 @@
 baselines run through the same simulator in the same run.
 
     .venv/bin/python bench/bench_scheduler.py [--jobs 10000] [--seed 14] [--load 0.97]
-                                              [--repeat 3]
+                                              [--repeat 3] [--conservative]
     .venv/bin/python bench/bench_scheduler.py --seeds 14-19   # the policy with and without
-                                                              # moves, across seeds
+                                                              # loans, across seeds
 
 Fleet: 1,000 GPUs on 125 hosts of 8 GPUs in three pools (h200 64 hosts, h100 40, a100 21).
 Work: 10,000 jobs from 500 domains and 20 teams (domains Zipf-distributed over teams); sizes
@@ -14,8 +14,13 @@ has a quota (guaranteed GPUs) in its home pool; the quotas of a pool add up to t
 Classes: prod (may preempt, never preempted), standard and batch (preemptible, auto-approved
 when the victim checkpointed less than 30 / 60 minutes ago, otherwise an admin approves after
 10 simulated minutes; they reclaim their team's quota from borrowers only after a 15-minute
-wait). Jobs checkpoint every 30 minutes of running; a preempted job loses the work since its
-last checkpoint and goes back to the queue at its old place. The scheduler sees each running
+wait). Jobs checkpoint every 30 minutes of running and a step takes 20 s. A preempted job goes
+back to the queue at its old place; it checkpoints on its way out as the console's jobs do (an
+approved preemption tells the victim's Control to save a checkpoint at its next step boundary
+and stop; it loses the step in flight), or with `--conservative` it loses the work since its
+last periodic checkpoint (the count when a victim does not save in its grace period). Either
+way the work "at risk" (not in a periodic checkpoint at the stop) is printed, and a price for
+restarts (RESTART_S each, not simulated). The scheduler sees each running
 job's remaining time as the console estimates it (step rate x steps left), off by a per-job
 lognormal factor (sigma 0.3).
 
@@ -27,9 +32,9 @@ each pass the simulator notes where its idle GPUs are while work that may run th
 fragments smaller than any queued job asks, capacity a queued one-host job would fit (held for
 the head of the queue), whole hosts only wider gangs wait for, capacity around a requester
 waiting for its victims to stop.
-The policy runs twice, with moves (runs that just checkpointed are moved to empty the hosts
-a blocked job needs) and without, so what moving gains and what it costs (GPU-hours lost by
-the moved runs) are read from the same run.
+The policy runs twice, with loans of a gathering head's reserved capacity (preemptible
+backfill: jobs that agree to stop when the head can start) and without, so what loans gain
+and what they cost (stops, work lost, restarts) are read from the same run.
 Baselines, same simulator, same jobs: FIFO (arrival order, no backfill, no preemption, a pool's
 first job that does not fit blocks that pool) and strict priority (class, priority, age; same
 blocking rule; this module's own code, not the policy's).
@@ -83,6 +88,10 @@ GPUS_PER_HOST = 8
 TEAMS = 20
 DOMAINS = 500
 CHECKPOINT_EVERY_S = 1800.0
+STEP_S = 20.0  # a training step (the impact preview's steps_since_checkpoint counts these)
+# Not simulated, priced after the run: what a restart might cost the restarted job's GPUs
+# (load the model and the checkpoint, warm up) in the printed "restart overhead" figure.
+RESTART_S = 120.0
 ADMIN_DELAY_S = 600.0
 PREEMPT_AFTER_WAIT_S = 900.0  # standard and batch reclaim quota only after a 15-minute wait
 CLASSES = {
@@ -133,6 +142,7 @@ class SimJob:
     preemptions: int = 0
     lost_gpu_h: float = 0.0
     moving: bool = False  # stopping to be moved (a defragmentation plan), not preempted
+    ending_loan: bool = False  # stopping at the end of a loan of a head's capacity
     finished_at: float | None = None
     victims_of_plan: list[int] = field(default_factory=list)
 
@@ -202,10 +212,20 @@ def make_workload(n_jobs: int, seed: int, load: float) -> tuple[list[dict], list
 
 class Simulation:
     def __init__(
-        self, workload: list[dict], quotas: list[Quota], scheduler: Scheduler, repeat: int = 1
+        self,
+        workload: list[dict],
+        quotas: list[Quota],
+        scheduler: Scheduler,
+        repeat: int = 1,
+        checkpoint_on_stop: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.repeat = repeat  # calls per pass, for the best-of wall time
+        # False (the conservative count): a victim loses everything since its last periodic
+        # checkpoint. True: as the console does, an approved preemption has the victim save a
+        # checkpoint through its Control at its next step boundary before it stops (it loses
+        # the step in flight, STEP_S at most).
+        self.checkpoint_on_stop = checkpoint_on_stop
         self.quotas = quotas
         self.hosts: list[HostView] = []
         for pool, n in POOLS.items():
@@ -256,6 +276,15 @@ class Simulation:
         self.moves = 0  # plans that move runs to free whole hosts
         self.moved = 0  # runs stopped by them
         self.lost_moving_gpu_h = 0.0
+        self.loans = 0  # placements lent a head's reserved capacity (preemptible backfill)
+        self.loan_gpu_s = 0.0  # GPU-seconds those placements ran
+        self.loans_ended = 0  # lent runs stopped for a head
+        self.lost_loans_gpu_h = 0.0
+        self.loan_plans = 0
+        # what the victims had not saved in a periodic checkpoint: the loss when a victim does
+        # not checkpoint on its way out (the conservative count), in either mode
+        self.at_risk_gpu_h = 0.0
+        self.restarts_gpu = 0  # GPUs restarted after a stop (sum of the stopped jobs' widths)
         # where idle GPUs are while work that may run in their pool is queued (GPU-seconds):
         # read from the simulator's own state after each pass, so it holds for any scheduler
         self.idle: dict[str, float] = dict.fromkeys(IDLE_KINDS, 0.0)
@@ -352,12 +381,19 @@ class Simulation:
         self.busy -= width
         job.view.running_on = []
         job.view.preemption_pending = False
+        if job.view.lent:
+            self.loan_gpu_s += width * elapsed
+            job.view.lent = False
         job.epoch += 1
         del self.running[job.view.run_id]
         if finished:
             job.finished_at = t
             return
-        saved = math.floor(elapsed / CHECKPOINT_EVERY_S) * CHECKPOINT_EVERY_S
+        periodic = math.floor(elapsed / CHECKPOINT_EVERY_S) * CHECKPOINT_EVERY_S
+        self.at_risk_gpu_h += width * (elapsed - periodic) / 3600.0
+        self.restarts_gpu += width
+        every = STEP_S if self.checkpoint_on_stop else CHECKPOINT_EVERY_S
+        saved = math.floor(elapsed / every) * every
         job.done_s += saved
         lost = width * (elapsed - saved) / 3600.0
         job.lost_gpu_h += lost
@@ -365,6 +401,11 @@ class Simulation:
             self.moved += 1
             self.lost_moving_gpu_h += lost
             job.moving = False
+        if job.ending_loan:
+            self.loans_ended += 1
+            self.lost_loans_gpu_h += lost
+            job.view.lent_stops += 1
+            job.ending_loan = False
         job.view.est_remaining_s = max(60.0, (job.work_s - job.done_s) * job.est_factor)
         job.preemptions += 1
         self.preemptions += 1
@@ -379,7 +420,7 @@ class Simulation:
             age = elapsed % CHECKPOINT_EVERY_S
             v.last_checkpoint_age_s = age
             v.next_checkpoint_in_s = CHECKPOINT_EVERY_S - age
-            v.steps_since_checkpoint = int(age // 20)
+            v.steps_since_checkpoint = int(age // STEP_S)
             v.running_for_s = elapsed
 
     def decide(self, t: float) -> None:
@@ -407,12 +448,14 @@ class Simulation:
             requester = self.jobs[plan.requester_run_id]
             requester.view.preemption_requested = True
             delay = 0.0 if plan.auto_approved else ADMIN_DELAY_S
-            moving = "moving run(s)" in plan.reason
+            moving = plan.kind == "move"
             self.moves += moving
+            self.loan_plans += plan.kind == "backfill"
             for impact in plan.victims:
                 victim = self.jobs[impact.run_id]
                 victim.view.preemption_pending = True
                 victim.moving = moving
+                victim.ending_loan = plan.kind == "backfill"
                 grace = CLASSES[victim.view.class_name].grace_s
                 self.push(t + delay + grace, "preempt", impact.run_id, victim.epoch)
         self.note_queue()
@@ -427,6 +470,8 @@ class Simulation:
             self.pool_free[h.pool] -= a.gpus
         assert len({a.host for a in placement.allocations}) == v.hosts
         v.running_on = list(placement.allocations)
+        v.lent = placement.lent_to is not None
+        self.loans += v.lent
         del self.queued[v.run_id]
         self.demand[v.pool] -= 1
         self.running[v.run_id] = job
@@ -583,6 +628,17 @@ def summarize(sim: Simulation, name: str) -> dict:
         "moves": sim.moves,
         "moved": sim.moved,
         "lost_moving": sim.lost_moving_gpu_h,
+        "loans": sim.loans,
+        "loan_gpu_h": sim.loan_gpu_s / 3600.0,
+        "loans_ended": sim.loans_ended,
+        "loan_plans": sim.loan_plans,
+        "lost_loans": sim.lost_loans_gpu_h,
+        # how often a job was stopped at the end of a loan: the most, and how many jobs were
+        # stopped more than once (thrashing, if any, shows here)
+        "loan_stops_max": max((j.view.lent_stops for j in jobs), default=0),
+        "at_risk": sim.at_risk_gpu_h,
+        "restart_gpu_h": sim.restarts_gpu * RESTART_S / 3600.0,
+        "stopped_twice": sum(1 for j in jobs if j.view.lent_stops >= 2),
         # gangs wait longest (they gather hosts): their tail shows starvation, if any
         "gang_wait_h": (pct(gang_waits, 0.95), max(gang_waits, default=0.0)),
     }
@@ -599,56 +655,81 @@ def jain(xs: list[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 1.0
 
 
-def one_seed(seed: int, n_jobs: int, load: float, moves: bool) -> dict:
+def one_seed(
+    seed: int, n_jobs: int, load: float, moves: bool = True, lend: bool = True, ckpt: bool = True
+) -> dict:
     workload, quotas = make_workload(n_jobs, seed, load)
-    sim = Simulation(workload, quotas, functools.partial(schedule, moves=moves))
+    scheduler = functools.partial(schedule, moves=moves, lend=lend)
+    sim = Simulation(workload, quotas, scheduler, checkpoint_on_stop=ckpt)
     sim.run()
     return summarize(sim, f"seed {seed}")
 
 
 def across_seeds(args: argparse.Namespace) -> int:
-    """Utilisation per pool while queued (the aim), with and without moves, over seeds."""
+    """Utilisation per pool while queued (the aim), the policy without and with loans of a
+    head's capacity (preemptible backfill), over seeds; with victims that checkpoint on their
+    way out (as the console's do) and, conservatively, with victims that lose the work since
+    their last periodic checkpoint."""
     import concurrent.futures
 
     first, _, last = args.seeds.partition("-")
     seeds = list(range(int(first), int(last or first) + 1))
     load_before = os.getloadavg()
+    modes = [(lend, ckpt) for ckpt in (True, False) for lend in (False, True)]
     with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
         runs = {
-            (seed, moves): pool.submit(one_seed, seed, args.jobs, args.load, moves)
+            (seed, lend, ckpt): pool.submit(one_seed, seed, args.jobs, args.load, True, lend, ckpt)
             for seed in seeds
-            for moves in (False, True)
+            for lend, ckpt in modes
         }
         results = {key: future.result() for key, future in runs.items()}
-    print(f"{args.jobs} jobs, offered load {args.load}; the policy without / with moves")
-    print(
-        "seed | per pool while queued | fleet while queued | lost GPU-h (by moves) | "
-        "moves | gang wait p95 / max | batch wait mean"
-    )
-    for seed in seeds:
-        off, on = results[(seed, False)], results[(seed, True)]
+    print(f"{args.jobs} jobs, offered load {args.load}; the policy without / with loans")
+    for ckpt in (True, False):
         print(
-            f"{seed} | {off['util_pool']:.1f} / {on['util_pool']:.1f} % | "
-            f"{off['util_queued']:.1f} / {on['util_queued']:.1f} % | "
-            f"{off['lost']:.0f} / {on['lost']:.0f} ({on['lost_moving']:.0f}) | {on['moves']} | "
-            f"{off['gang_wait_h'][0]:.1f} / {off['gang_wait_h'][1]:.1f} h, "
-            f"{on['gang_wait_h'][0]:.1f} / {on['gang_wait_h'][1]:.1f} h | "
-            f"{off['waits']['batch'][0]:.0f} / {on['waits']['batch'][0]:.0f} min"
-        )
-    for label, key in (("per pool", "util_pool"), ("fleet", "util_queued")):
-        for moves in (False, True):
-            values = [results[(seed, moves)][key] for seed in seeds]
-            print(
-                f"{label}, {'with' if moves else 'without'} moves: mean "
-                f"{statistics.fmean(values):.2f} %, min {min(values):.2f} %"
+            "\nvictims "
+            + (
+                "checkpoint on their way out (as the console's do)"
+                if ckpt
+                else "lose the work since their last periodic checkpoint (conservative)"
             )
-    for moves in (False, True):
-        lost = [results[(seed, moves)]["lost"] for seed in seeds]
-        work = [results[(seed, moves)]["work_gpu_h"] for seed in seeds]
-        print(
-            f"lost to preemption, {'with' if moves else 'without'} moves: "
-            f"{sum(lost):.0f} GPU-h ({sum(lost) / sum(work) * 100:.2f} % of the work)"
         )
+        print(
+            "seed | per pool while queued | fleet while queued | lost GPU-h (by ended loans) | "
+            "at risk GPU-h | loans / ended / most per job | lent GPU-h | "
+            "wait batch / standard mean | gang wait p95 / max"
+        )
+        for seed in seeds:
+            off, on = results[(seed, False, ckpt)], results[(seed, True, ckpt)]
+            print(
+                f"{seed} | {off['util_pool']:.1f} / {on['util_pool']:.1f} % | "
+                f"{off['util_queued']:.1f} / {on['util_queued']:.1f} % | "
+                f"{off['lost']:.0f} / {on['lost']:.0f} ({on['lost_loans']:.0f}) | "
+                f"{off['at_risk']:.0f} / {on['at_risk']:.0f} | "
+                f"{on['loans']} / {on['loans_ended']} / {on['loan_stops_max']} | "
+                f"{on['loan_gpu_h']:.0f} | "
+                f"{off['waits']['batch'][0]:.0f} / {off['waits']['standard'][0]:.0f}, "
+                f"{on['waits']['batch'][0]:.0f} / {on['waits']['standard'][0]:.0f} min | "
+                f"{off['gang_wait_h'][0]:.1f} / {off['gang_wait_h'][1]:.1f} h, "
+                f"{on['gang_wait_h'][0]:.1f} / {on['gang_wait_h'][1]:.1f} h"
+            )
+        for label, key in (("per pool", "util_pool"), ("fleet", "util_queued")):
+            for lend in (False, True):
+                values = [results[(seed, lend, ckpt)][key] for seed in seeds]
+                print(
+                    f"{label}, {'with' if lend else 'without'} loans: mean "
+                    f"{statistics.fmean(values):.2f} %, min {min(values):.2f} %"
+                )
+        for lend in (False, True):
+            rs = [results[(seed, lend, ckpt)] for seed in seeds]
+            work = sum(r["work_gpu_h"] for r in rs)
+            lost, risk = sum(r["lost"] for r in rs), sum(r["at_risk"] for r in rs)
+            print(
+                f"{'with' if lend else 'without'} loans: lost {lost:.0f} GPU-h "
+                f"({lost / work * 100:.2f} % of the work), at risk {risk:.0f} "
+                f"({risk / work * 100:.2f} %), restart overhead at {RESTART_S:.0f} s each "
+                f"{sum(r['restart_gpu_h'] for r in rs):.0f} GPU-h, "
+                f"jobs stopped at the end of 2+ loans {sum(r['stopped_twice'] for r in rs)}"
+            )
     print(
         "load average (1 / 5 / 15 min) at the start: "
         + " / ".join(f"{x:.2f}" for x in load_before)
@@ -672,8 +753,15 @@ def main() -> int:
     )
     parser.add_argument(
         "--seeds",
-        help="e.g. 14-19: only the policy with and without moves, one run per seed (two at a "
-        "time), and the utilisation table across seeds",
+        help="e.g. 14-19: only the policy with and without loans (preemptible backfill), with "
+        "victims that checkpoint on stop and with the conservative count, one run per seed "
+        "(two at a time), and the utilisation table across seeds",
+    )
+    parser.add_argument(
+        "--conservative",
+        action="store_true",
+        help="victims lose the work since their last periodic checkpoint (default: they "
+        "checkpoint on their way out, as the console's do on an approved preemption)",
     )
     args = parser.parse_args()
     if args.seeds:
@@ -693,18 +781,25 @@ def main() -> int:
     contenders: list[tuple[str, Scheduler]] = [
         ("FIFO", blocking_baseline(lambda j: (j.queued_at, j.run_id))),
         ("strict priority", blocking_baseline(strict_key)),
-        # the same policy with moves switched off: what moving runs gains, and costs
-        ("policy, no moves", functools.partial(schedule, moves=False)),
+        # the same policy without loans of a head's capacity (preemptible backfill): what
+        # they gain, and cost
+        ("policy, no loans", functools.partial(schedule, lend=False)),
         ("policy", schedule),
     ]
     n_gpus = sum(POOLS.values()) * GPUS_PER_HOST
     print(
         f"{args.jobs} jobs, {len(set(w['domain'] for w in workload))} domains, {TEAMS} teams, "
-        f"{n_gpus} GPUs on {sum(POOLS.values())} hosts, offered load {args.load}, seed {args.seed}"
+        f"{n_gpus} GPUs on {sum(POOLS.values())} hosts, offered load {args.load}, "
+        f"seed {args.seed}; "
+        + (
+            "victims lose the work since their last periodic checkpoint (--conservative)"
+            if args.conservative
+            else "victims checkpoint on their way out, as the console's do"
+        )
     )
     results = {}
     for name, scheduler in contenders:
-        sim = Simulation(workload, quotas, scheduler, args.repeat)
+        sim = Simulation(workload, quotas, scheduler, args.repeat, not args.conservative)
         wall = time.perf_counter()
         sim.run()
         wall = time.perf_counter() - wall
@@ -750,6 +845,20 @@ def main() -> int:
             lambda r: f"{r['lost']:.0f} ({r['lost'] / r['work_gpu_h'] * 100:.2f} % of the work)",
         ),
         ("of them by moved runs", lambda r: f"{r['lost_moving']:.0f}"),
+        ("of them by runs stopped at the end of a loan", lambda r: f"{r['lost_loans']:.0f}"),
+        (
+            "at risk: not in a periodic checkpoint when stopped",
+            lambda r: f"{r['at_risk']:.0f} ({r['at_risk'] / r['work_gpu_h'] * 100:.2f} %)",
+        ),
+        (
+            f"restart overhead at {RESTART_S:.0f} s a restart (not simulated)",
+            lambda r: f"{r['restart_gpu_h']:.0f} GPU-h",
+        ),
+        (
+            "loans / ended (stopped) / most per job",
+            lambda r: f"{r['loans']} / {r['loans_ended']} / {r['loan_stops_max']}",
+        ),
+        ("GPU-hours run on lent capacity", lambda r: f"{r['loan_gpu_h']:.0f}"),
         (
             "gang wait p95 / max",
             lambda r: f"{r['gang_wait_h'][0]:.1f} / {r['gang_wait_h'][1]:.1f} h",

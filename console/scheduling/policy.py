@@ -83,6 +83,14 @@ class JobView:
     # it gets no second request, and goes first in its class to take what its victims free.
     preemption_requested: bool = False
     running_for_s: float = 0.0  # since it last started; the loss when it never checkpointed
+    # Added for preemptible backfill (`Placement.lent_to`): a running job placed on capacity
+    # held for the head of its pool's queue, on the terms that it is stopped (through a
+    # preemption request like any other) once a head of its class or a higher one could start
+    # there without it. The console reads it from the run's placement decision.
+    lent: bool = False
+    # How often this job was stopped on those terms; it is lent capacity again only while this
+    # is below LEND_MAX_STOPS, so a job is not started and stopped over and over.
+    lent_stops: int = 0
 
 
 @dataclass
@@ -90,6 +98,9 @@ class Placement:
     run_id: int
     allocations: list[Allocation]
     reason: str  # "placed on host-3", "placed on host-3 by backfill", ...
+    # Preemptible backfill: the head of the queue whose reserved capacity this job is lent; it
+    # is stopped when a head can start there (the console marks the job `lent` from then on).
+    lent_to: int | None = None
 
 
 @dataclass
@@ -108,6 +119,9 @@ class PreemptionPlan:
     victims: list[VictimImpact]
     auto_approved: bool  # the victims' classes' policy approves without a person
     reason: str
+    # "preempt" (a class preempts, or a team reclaims its quota), "move" (runs moved to free
+    # whole hosts) or "backfill" (runs lent a head's capacity, stopped now that it can start)
+    kind: str = "preempt"
 
 
 @dataclass
@@ -143,11 +157,38 @@ class Decisions:
 # stopped, restarted at once in other hosts' free units) to empty the hosts it needs, when the
 # free units are there but in fragments; the moved runs' class policy must auto-approve it
 # (`_Pass.try_move`). It is filed as a preemption plan and goes through the same approval path.
+#
+# Loans (preemptible backfill): a job that would run past the head's start may still take the
+# head's reserved units, when its class may be preempted with auto-approval and is not above
+# the head's; it is placed "by backfill until run N can start". The head's reservation counts
+# such jobs as gone once stopped, and when the rest of its hosts are about to be free, it files
+# a "backfill" plan that stops them (`_Pass.try_end_loans`), through the same approval path.
 
 _INF = float("inf")
 PREEMPTION_SEARCHES = 4  # per lane (pool and resource) and pass
 AHEAD_IN_ESTIMATE = 8  # queued jobs a victim's resume estimate plays out before it
 MOVE_SEARCHES = 2  # searches for runs to move, per lane and pass
+# Preemptible backfill: a job is lent a head's reserved capacity only when the head starts at
+# least this far ahead (a shorter loan costs a stop and a restart for little use), and only
+# while it has been stopped at the end of a loan fewer than LEND_MAX_STOPS times.
+LEND_MIN_S = 600.0
+LEND_MAX_STOPS = 4
+# Lent jobs are stopped this long before the head's other hosts are expected to be free (the
+# time a job takes to save a checkpoint at its next step and exit, roughly; at most its grace).
+LOAN_END_LEAD_S = 60.0
+# How a lent job's placement reason says so ("placed on host-3 by backfill until run 12 can
+# start (then stopped for it)"): the console reads a running job's `lent` back from it.
+LENT_MARK = " by backfill until run "
+
+
+# How the reason of a plan that ends loans says so: the console counts a run's ended loans by
+# it (`JobView.lent_stops`).
+LOAN_END_MARK = ": stopping backfilled run(s) "
+
+
+def placed_lent(reason: str) -> bool:
+    """Whether a placement reason is that of a job lent a head's capacity."""
+    return LENT_MARK in reason
 
 
 class _Index:
@@ -226,6 +267,7 @@ class _Index:
 @dataclass
 class _Reservation:
     run_id: int
+    value: int  # the head's class value: jobs of its class or a lower one may be lent
     start: float  # the head's earliest start (absolute, same epoch as `now`)
     slack: dict[str, int]  # reserved host -> units a job running past `start` may still use
     long: _Index  # free units usable by jobs that run past `start`
@@ -248,6 +290,7 @@ class _Lane:
         self.moves_tried = 0  # searches for runs to move in this lane in this pass
         self.unmovable: set[tuple[int, int]] = set()  # shapes no move can free in this pass
         self.unfit: set[tuple[int, int, bool]] = set()  # (units, hosts, past the head's start)
+        self.unfit_lent: set[tuple[int, int]] = set()  # shapes no loan of reserved units fits
         self._t = now
         self._classes = classes
         self._releases: list[tuple[float, str, int, int]] | None = None
@@ -256,12 +299,55 @@ class _Lane:
         self._fit_hosts: dict[int, int] = {}
         self._ends: dict[str, float] | None = None
         self._sorted: tuple[int, list[tuple[float, str, int, int]]] | None = None
+        self._lent: list[JobView] | None = None  # running jobs lent a head's capacity
+        self._head: dict[tuple[int, bool, int], list[tuple[float, str, int, int]]] = {}
 
     def sorted_releases(self) -> list[tuple[float, str, int, int]]:
         """`releases` sorted by end; sorted again only after this pass placed more jobs."""
         if self._sorted is None or self._sorted[0] != len(self.placed):
             self._sorted = (len(self.placed), sorted(self.releases))
         return self._sorted[1]
+
+    def head_releases(self, value: int, stopped: bool = True) -> list[tuple[float, str, int, int]]:
+        """`sorted_releases` as a head of class `value` sees them: the lent jobs of its class
+        or a lower one end as soon as they can be stopped for it (their class's grace), or
+        with `stopped=False` at once (as if they were not there)."""
+        if self._lent is None:
+            self._lent = [j for j in self.jobs if j.lent]
+        if not self._lent:
+            return self.sorted_releases()
+        key = (value, stopped, len(self.placed))
+        cached = self._head.get(key)
+        if cached is not None:
+            return cached
+        ends: dict[int, float] = {}
+        for job in self._lent:
+            cls = self._classes.get(job.class_name)
+            if cls is not None and cls.value <= value:
+                ends[job.run_id] = self._t + (cls.grace_s if stopped else 0.0)
+        base = self.sorted_releases()
+        if ends:  # few: merged into the sorted list, not sorted again with it
+            moved = sorted((min(e, ends[r]), h, u, r) for e, h, u, r in base if r in ends)
+            base = list(heapq.merge(moved, (x for x in base if x[3] not in ends)))
+        self._head[key] = base
+        return base
+
+    def lent_table(self, value: int) -> dict[str, list[tuple[int, float, JobView]]]:
+        """Per host, the lent jobs a head of class `value` may have stopped (not already
+        stopping) as (units here, cost, job)."""
+        if self._lent is None:
+            self._lent = [j for j in self.jobs if j.lent]
+        table: dict[str, list[tuple[int, float, JobView]]] = {}
+        for job in self._lent:
+            cls = self._classes.get(job.class_name)
+            if job.preemption_pending or cls is None or cls.value > value:
+                continue
+            cost = _victim_cost(job)
+            for a in job.running_on:
+                if a.host in self.total:
+                    units = a.gpus if self.gpu else a.cpu_slots
+                    table.setdefault(a.host, []).append((units, cost, job))
+        return table
 
     @property
     def ends(self) -> dict[str, float]:
@@ -407,9 +493,11 @@ class _Pass:
         quotas: list[Quota],
         now: float,
         moves: bool = True,
+        lend: bool = True,
     ) -> None:
         self.now = now
         self.moves = moves
+        self.lend = lend
         self.classes = classes
         self.decisions = Decisions()
         self.queued: list[JobView] = []
@@ -574,27 +662,29 @@ class _Pass:
             )
             return
         end = self.now + max(0.0, job.est_remaining_s)
+        lend = self.lendable(job)
         if len(lanes) == 1:
-            hosts, backfill = self.try_place(lanes[0], need, job.hosts, end)
+            hosts, backfill, lent_to = self.try_place(lanes[0], need, job.hosts, end, lend)
             if hosts is not None:
-                self.place(job, lanes[0], hosts, need, end, backfill)
+                self.place(job, lanes[0], hosts, need, end, backfill, lent_to)
                 return
         else:
             # any pool: the pool with the most idle capacity beyond what the jobs pinned to
-            # it want, then where it fits best (least left free on the hosts it takes)
-            best: tuple[int, int, int, _Lane, list[str], bool] | None = None
+            # it want, then where it fits best (least left free on the hosts it takes); a
+            # loan of a head's capacity only where nothing else fits
+            best: tuple[bool, int, int, int, _Lane, list[str], bool, int | None] | None = None
             for i, lane in enumerate(lanes):
-                hosts, backfill = self.try_place(lane, need, job.hosts, end)
+                hosts, backfill, lent_to = self.try_place(lane, need, job.hosts, end, lend)
                 if hosts is not None:
                     free = lane.now.free
                     left = sum(free[h] for h in hosts) - need * len(hosts)
                     spare = lane.now.total - self.pinned_demand(lane)
-                    option = (-spare, left, i, lane, hosts, backfill)
-                    if best is None or option[:3] < best[:3]:
+                    option = (lent_to is not None, -spare, left, i, lane, hosts, backfill, lent_to)
+                    if best is None or option[:4] < best[:4]:
                         best = option
             if best is not None:
-                _, _, _, lane, hosts, backfill = best
-                self.place(job, lane, hosts, need, end, backfill)
+                _, _, _, _, lane, hosts, backfill, lent_to = best
+                self.place(job, lane, hosts, need, end, backfill, lent_to)
                 return
         possible = [ln for ln in lanes if ln.fits_ever(need, job.hosts)]
         if not possible:
@@ -610,6 +700,9 @@ class _Pass:
             self.reserve(job, possible, need)
             return
         for lane in possible:
+            if self.try_end_loans(job, lane, need):
+                return
+        for lane in possible:
             if self.try_preempt(job, lane, need):
                 return
         for lane in possible if self.moves else ():
@@ -618,34 +711,78 @@ class _Pass:
         self.wait(job, self.blocked_reason(job, possible, need))
         self.reserve(job, possible, need)
 
+    def lendable(self, job: JobView) -> int | None:
+        """The class value of a job that may be lent a head's reserved capacity (preemptible
+        backfill), else None: a class whose runs may be preempted, with a policy that approves
+        a stop without a person when the run checkpointed recently, and a job not already
+        stopped at the end of LEND_MAX_STOPS loans. Gangs too: over six seeds of the bench,
+        lending to one-host jobs only left 0.6 points of utilisation on whole hosts that
+        only gangs could use."""
+        cls = self.classes.get(job.class_name)
+        if (
+            not self.lend
+            or cls is None
+            or not cls.preemptible
+            or cls.approval != "auto_recent_checkpoint"
+            or job.lent_stops >= LEND_MAX_STOPS
+        ):
+            return None
+        return cls.value
+
     def try_place(
-        self, lane: _Lane, need: int, n: int, end: float
-    ) -> tuple[list[str] | None, bool]:
+        self, lane: _Lane, need: int, n: int, end: float, lend: int | None = None
+    ) -> tuple[list[str] | None, bool, int | None]:
+        """(hosts, by backfill, the head whose capacity is lent) or (None, ..., None)."""
         # Free units only shrink during a pass, so a shape that did not fit stays unfit: a
         # long queue behind a full pool is answered from this set, not from the index.
         res = lane.reservation
         long = res is not None and end > res.start
         key = (need, n, long)
-        if key in lane.unfit:
-            return None, res is not None
-        if res is not None and long:
-            index, prefer = res.long, None
-        else:
-            index, prefer = lane.now, (res.slack if res is not None else None)
-        ends = lane.ends if n == 1 else None
-        hosts = index.pick(need, n, ends, end, prefer)
-        if hosts is None:
+        if key not in lane.unfit:
+            if res is not None and long:
+                index, prefer = res.long, None
+            else:
+                index, prefer = lane.now, (res.slack if res is not None else None)
+            ends = lane.ends if n == 1 else None
+            hosts = index.pick(need, n, ends, end, prefer)
+            if hosts is not None:
+                return hosts, res is not None, None
             lane.unfit.add(key)
-        return hosts, res is not None
+        # Preemptible backfill: a job that would run past the head's start may still take
+        # the head's reserved units (they idle while its gang gathers) when it agrees to be
+        # stopped as soon as the head could start there (`try_end_loans`).
+        if (
+            lend is None
+            or res is None
+            or not long
+            or lend > res.value
+            or res.start - self.now < LEND_MIN_S
+            or (need, n) in lane.unfit_lent
+        ):
+            return None, res is not None, None
+        hosts = lane.now.pick(need, n, lane.ends if n == 1 else None, end)
+        if hosts is None:
+            lane.unfit_lent.add((need, n))
+            return None, True, None
+        return hosts, True, res.run_id
 
     def place(
-        self, job: JobView, lane: _Lane, hosts: list[str], need: int, end: float, backfill: bool
+        self,
+        job: JobView,
+        lane: _Lane,
+        hosts: list[str],
+        need: int,
+        end: float,
+        backfill: bool,
+        lent_to: int | None = None,
     ) -> None:
         lane.take(hosts, need, end, job.run_id)
         gpu = lane.gpu
         allocations = [Allocation(h, job.gpus if gpu else 0, 0 if gpu else need) for h in hosts]
         reason = f"placed on {', '.join(hosts)}"
-        if backfill:
+        if lent_to is not None:
+            reason += f"{LENT_MARK}{lent_to} can start (then stopped for it)"
+        elif backfill:
             reason += " by backfill"
         if self.quota_gpu.get(lane.pool) == gpu:
             key = (job.team, lane.pool)
@@ -654,7 +791,7 @@ class _Pass:
             self._shares.pop(job.team, None)
             if lane.pool in self.quota_pools and self.usage[key] > self.quota.get(key, 0):
                 reason += f" (borrowing idle capacity in pool {lane.pool})"
-        self.decisions.placements.append(Placement(job.run_id, allocations, reason))
+        self.decisions.placements.append(Placement(job.run_id, allocations, reason, lent_to))
 
     def wait(self, job: JobView, reason: str) -> None:
         self.decisions.waiting[job.run_id] = reason
@@ -726,7 +863,10 @@ class _Pass:
                 break
         else:
             return
-        found = lane.earliest(need, job.hosts, self.now)
+        cls = self.classes.get(job.class_name)
+        value = cls.value if cls else 0
+        # the lent jobs this head may have stopped leave as soon as it could start
+        found = lane.earliest(need, job.hosts, self.now, releases=lane.head_releases(value))
         if found is None:
             return
         start, hosts, free_then = found
@@ -746,7 +886,7 @@ class _Pass:
                 bucket = buckets[units] = {}
             bucket[h] = None
         long.total = total
-        lane.reservation = _Reservation(job.run_id, start, slack, long)
+        lane.reservation = _Reservation(job.run_id, value, start, slack, long)
 
     # -- preemption -----------------------------------------------------------------------
 
@@ -838,6 +978,63 @@ class _Pass:
         self.file_plan(
             job, lane, need, hosts, list(victims.values()), reclaim and not cls.can_preempt
         )
+        return True
+
+    # -- ending loans of reserved capacity (preemptible backfill) --------------------------
+
+    def try_end_loans(self, job: JobView, lane: _Lane, need: int) -> bool:
+        """A job that would be the head of this lane, and could start once the lent jobs
+        (`JobView.lent`) of its class or a lower one on its hosts stop, files a plan that stops
+        them as soon as everything else on those hosts ends within LOAN_END_LEAD_S (or the
+        lent jobs' grace period, if shorter; judged from est_remaining_s): they then stop as
+        the last of the others end, and the hosts the head gathered do not idle while they
+        stop. The plan goes through the same approval path as any preemption; the lent jobs
+        go back to the queue at their old place."""
+        cls = self.classes.get(job.class_name)
+        if cls is None or lane.reservation is not None:
+            return False
+        table = lane.lent_table(cls.value)
+        if not table:
+            return False
+        releases = lane.head_releases(cls.value, stopped=False)
+        found = lane.earliest(need, job.hosts, self.now, releases=releases)
+        if found is None:
+            return False
+        start, hosts, _ = found
+        grace = min(self.classes[v.class_name].grace_s for rows in table.values() for *_, v in rows)
+        if start > self.now + min(grace, LOAN_END_LEAD_S):
+            return False  # others still run there for a while: the loans go on
+        lent_ids = {v.run_id for rows in table.values() for *_, v in rows}
+        # on each host, what is free by `start` without the lent jobs
+        chosen_hosts = set(hosts)
+        base = {h: lane.now.free[h] for h in hosts}
+        for end, h, units, rid in lane.releases:
+            if h in chosen_hosts and end <= start and rid not in lent_ids:
+                base[h] += units
+        stopping: dict[int, JobView] = {}  # a lent gang chosen on one host frees all of them
+        for h in hosts:
+            rows = table.get(h, [])
+            deficit = need - base[h] - sum(r[0] for r in rows if r[2].run_id in stopping)
+            if deficit <= 0:
+                continue
+            rows = [r for r in rows if r[2].run_id not in self.victims | stopping.keys()]
+            # the fewest units that cover the deficit: one job that does, or the largest first
+            alone = [r for r in rows if r[0] >= deficit]
+            if alone:
+                chosen = [min(alone, key=lambda r: (r[0], r[1], r[2].run_id))]
+            else:
+                chosen, got = [], 0
+                for r in sorted(rows, key=lambda r: (-r[0], r[1], r[2].run_id)):
+                    chosen.append(r)
+                    got += r[0]
+                    if got >= deficit:
+                        break
+                if got < deficit:
+                    return False
+            stopping.update((r[2].run_id, r[2]) for r in chosen)
+        if not stopping:
+            return False  # it fits without stopping anything: only a reservation keeps it out
+        self.file_plan(job, lane, need, hosts, list(stopping.values()), False, "backfill")
         return True
 
     # -- moving runs to free whole hosts (defragmentation) ---------------------------------
@@ -945,7 +1142,7 @@ class _Pass:
             lane.unmovable.add((need, n))
             return False
         hosts = take + vacated
-        self.file_plan(job, lane, need, hosts, victims, False, moved_to=landing)
+        self.file_plan(job, lane, need, hosts, victims, False, "move", moved_to=landing)
         return True
 
     def pinned_demand(self, lane: _Lane) -> int:
@@ -1066,6 +1263,7 @@ class _Pass:
         hosts: list[str],
         victims: list[JobView],
         reclaim: bool,
+        kind: str = "preempt",
         moved_to: dict[str, int] | None = None,
     ) -> None:
         victim_ids = {v.run_id for v in victims}
@@ -1101,7 +1299,12 @@ class _Pass:
                 )
             )
         names = ", ".join(str(v.run_id) for v in sorted(victims, key=lambda v: v.run_id))
-        if moved_to is not None:
+        if kind == "backfill":
+            why = (
+                f"can start on {', '.join(sorted(hosts))} in pool {lane.pool}{LOAN_END_MARK}"
+                f"{names}, placed there by backfill until a run ahead of them could start"
+            )
+        elif moved_to is not None:
             why = (
                 f"needs {job.hosts}x{need} {lane.unit} in pool {lane.pool}, free only in "
                 f"fragments: moving run(s) {names} to {', '.join(sorted(moved_to))}"
@@ -1116,7 +1319,7 @@ class _Pass:
                 f"class {job.class_name} needs {job.hosts}x{need} {lane.unit} in pool "
                 f"{lane.pool}: preempting run(s) {names}"
             )
-        self.decisions.preemptions.append(PreemptionPlan(job.run_id, impacts, auto, why))
+        self.decisions.preemptions.append(PreemptionPlan(job.run_id, impacts, auto, why, kind))
         approval = "auto-approved" if auto else "awaiting approval"
         self.wait(job, f"waiting: preemption of run(s) {names} requested ({approval})")
         lane.hold(hosts, need)
@@ -1137,6 +1340,7 @@ def schedule(
     quotas: list[Quota],
     now: float,
     moves: bool = True,
+    lend: bool = True,
 ) -> Decisions:
     """One scheduling pass. Queued jobs are those with `running_on == []`.
 
@@ -1146,5 +1350,7 @@ def schedule(
 
     `moves=False` switches off moving runs to free whole hosts (`_Pass.try_move`): the bench
     runs the policy both ways on the same jobs, to show what moving gains and what it costs.
+    `lend=False` likewise switches off preemptible backfill (`_Pass.try_place`'s loans of a
+    head's reserved capacity, and `_Pass.try_end_loans`).
     """
-    return _Pass(hosts, jobs, classes, quotas, now, moves).run()
+    return _Pass(hosts, jobs, classes, quotas, now, moves, lend).run()

@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Prefetch, Q
+from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from console.accounts.models import Team
@@ -229,6 +229,39 @@ def _last_checkpoints(run_ids: list[int]) -> dict[int, Checkpoint]:
     return {c.run_id: c for c in newest}
 
 
+def _loans(live: dict[int, Attempt]) -> tuple[set[int], dict[int, int]]:
+    """Preemptible backfill's state, read back from the decision log: the running runs (of
+    `live`, by run id) whose current attempt was placed on a head's reserved capacity (its
+    placement decision says so), and per queued run how often such a loan ended with the run
+    stopped (it was a victim of an approved request that stopped backfilled runs)."""
+    lent: set[int] = set()
+    if live:
+        since = min(a.scheduled_at for a in live.values())
+        # of the runs placed now, the decisions since the oldest live attempt (the planner
+        # goes in by the runs' state or the log's created_at index, whichever is narrower)
+        placed = SchedulingDecision.objects.filter(
+            run__state__in=_OCCUPYING_RUN_STATES,
+            kind=DecisionKind.PLACED,
+            created_at__gte=since,
+            reason__contains=policy.LENT_MARK,
+        ).values_list("run_id", "created_at")
+        for run_id, created_at in placed:
+            # this attempt's placement: an earlier attempt's decision is older than it
+            attempt = live.get(run_id)
+            if attempt is not None and created_at >= attempt.scheduled_at:
+                lent.add(run_id)
+    ended = (
+        PreemptionVictim.objects.filter(
+            run__state=RunState.QUEUED,
+            request__state__in=[PreemptionState.APPROVED, PreemptionState.DONE],
+            request__reason__contains=policy.LOAN_END_MARK,
+        )
+        .values("run_id")
+        .annotate(n=Count("id"))
+    )
+    return lent, {row["run_id"]: row["n"] for row in ended}
+
+
 def _try_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SCHEDULER_LOCK_KEY])
@@ -277,6 +310,7 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
         ):
             running[run.pk] = run
         checkpoints = _last_checkpoints(list(running))
+        lent, loan_stops = _loans({pk: live[pk] for pk in running})
         jobs = [
             _job_view(r, None, now, classes, fallback, pending_victims, open_requesters, {})
             for r in queued.values()
@@ -287,6 +321,9 @@ def schedule_pass(*, now: dt.datetime | None = None) -> PassResult:
             )
             for r in running.values()
         ]
+        for job in jobs:
+            job.lent = job.run_id in lent
+            job.lent_stops = loan_stops.get(job.run_id, 0)
         quotas = [
             policy.Quota(team=q.team.slug, pool=q.pool.name, gpus=q.gpus)
             for q in TeamQuota.objects.select_related("team", "pool")
@@ -519,6 +556,8 @@ def _approve(request: PreemptionRequest, *, actor: Any, auto: bool) -> None:
     request.decided_at = timezone.now()
     request.save(update_fields=["state", "auto", "decided_by", "decided_at"])
     how = "auto-approved by its class policy" if auto else f"approved by {actor.get_username()}"
+    # a backfilled run lent a head's capacity is stopped on the terms it was placed on
+    what = "backfill ended: stopped" if policy.LOAN_END_MARK in request.reason else "preempted"
     for victim in _victim_runs(request):
         if victim.state in (RunState.SCHEDULED, RunState.RUNNING):
             runs_services.run_command(
@@ -526,7 +565,7 @@ def _approve(request: PreemptionRequest, *, actor: Any, auto: bool) -> None:
                 run=victim,
                 kind=CommandKind.PREEMPT,
                 payload={"preemption_request": request.pk},
-                reason=f"preempted for {request.requester.name} (request #{request.pk}, {how})",
+                reason=f"{what} for {request.requester.name} (request #{request.pk}, {how})",
             )
     _decide(request.requester, DecisionKind.PREEMPTION_APPROVED, f"preemption {how}")
     _record_on_all(request, "preemption.approved", {"auto": auto, "by": _who(actor)})

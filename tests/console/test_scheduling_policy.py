@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from console.scheduling.policy import (
+    LEND_MAX_STOPS,
     Allocation,
     HostView,
     JobView,
@@ -630,3 +631,119 @@ def test_a_run_already_stopping_for_another_request_is_not_moved():
     jobs[0].preemption_pending = True  # its own request moves it (to h2, say)
     d = run(fleet, jobs)
     assert d.preemptions == []
+
+
+# -- preemptible backfill: a gathering gang's hosts lent to jobs that agree to stop ----------
+
+
+def test_a_preemptible_job_is_lent_a_gathering_gangs_hosts_until_it_can_start():
+    # the head, a 3-host gang, starts at t+1000 on h1, h2 and h3; a batch job that runs past
+    # that may still take h1, which would idle until then, on the terms that it stops then
+    fleet, jobs = _gang_head_fleet()
+    long = job(11, gpus=8, class_name="batch", est_remaining_s=20_000.0)
+    d = run(fleet, [*jobs, long])
+    [p] = d.placements
+    assert p.run_id == 11 and p.lent_to == 10
+    assert p.reason == "placed on h1 by backfill until run 10 can start (then stopped for it)"
+    assert d.waiting[10].startswith("waiting: needs 3 host(s)")
+    # a class whose stop a person must approve is not lent; nor when lending is switched off
+    d = run(fleet, [*jobs, job(11, gpus=8, est_remaining_s=20_000.0)])
+    assert placed(d) == {} and d.waiting[11] == "waiting: behind higher-priority run 10"
+    d = schedule(
+        hosts=fleet, jobs=[*jobs, long], classes=CLASSES, quotas=[], now=1000.0, lend=False
+    )
+    assert placed(d) == {}
+
+
+def test_no_loan_when_the_head_starts_soon_or_the_job_was_stopped_often():
+    fleet, jobs = _gang_head_fleet()
+    jobs[0].est_remaining_s = 300.0  # the gang starts in 5 minutes: not worth a stop
+    d = run(fleet, [*jobs, job(11, gpus=8, class_name="batch", est_remaining_s=20_000.0)])
+    assert placed(d) == {}
+    fleet, jobs = _gang_head_fleet()
+    tired = job(11, gpus=8, class_name="batch", est_remaining_s=20_000.0, lent_stops=LEND_MAX_STOPS)
+    d = run(fleet, [*jobs, tired])
+    assert placed(d) == {} and d.waiting[11] == "waiting: behind higher-priority run 10"
+
+
+def _loan_fleet(blocker_left_s: float, *, lent: bool = True):
+    # h1 runs a batch job lent to the gang's capacity; h2's own job ends in `blocker_left_s`;
+    # h3 is idle. The head, a 3-host gang of a class that may not preempt, needs all three.
+    fleet = fleet_using(("h1", 8), ("h2", 8), ("h3", 0))
+    jobs = [
+        running(11, {"h1": 8}, class_name="batch", lent=lent, last_checkpoint_age_s=120.0),
+        running(1, {"h2": 8}, class_name="pinned", est_remaining_s=blocker_left_s),
+        job(10, gpus=8, hosts=3),
+    ]
+    return fleet, jobs
+
+
+def test_lent_jobs_are_stopped_as_the_last_of_the_others_end_on_the_gangs_hosts():
+    d = run(*_loan_fleet(blocker_left_s=30.0))  # within the lent job's 60 s grace
+    [plan] = d.preemptions
+    assert plan.kind == "backfill" and plan.requester_run_id == 10
+    assert [v.run_id for v in plan.victims] == [11]
+    assert plan.auto_approved  # batch approves at once: it checkpointed 2 minutes ago
+    assert plan.reason == (
+        "can start on h1, h2, h3 in pool h200: stopping backfilled run(s) 11, placed there "
+        "by backfill until a run ahead of them could start"
+    )
+    assert plan.victims[0].gpu_hours_since_checkpoint == round(8 * 120.0 / 3600.0, 4)
+    assert d.waiting[10] == "waiting: preemption of run(s) 11 requested (auto-approved)"
+
+
+def test_lent_jobs_run_on_while_the_gang_waits_and_others_are_never_stopped_for_it():
+    d = run(*_loan_fleet(blocker_left_s=3000.0))  # h2 is busy for 50 more minutes
+    assert d.preemptions == [] and placed(d) == {}
+    # the reservation counts the lent job as gone once stopped: the head starts with h2's
+    # job, so a job that ends before that may still use h3
+    fleet, jobs = _loan_fleet(blocker_left_s=3000.0)
+    d = run(fleet, [*jobs, job(12, gpus=8, class_name="pinned", est_remaining_s=2000.0)])
+    assert placed(d) == {12: ["h3"]}
+    # a job not placed on those terms stays: this class may not preempt it
+    d = run(*_loan_fleet(blocker_left_s=30.0, lent=False))
+    assert d.preemptions == []
+
+
+def test_a_lent_job_of_a_higher_class_than_the_head_is_not_stopped_for_it():
+    classes = {
+        **CLASSES,
+        "standard": PriorityClass(
+            "standard", 50, False, True, "auto_recent_checkpoint", auto_approve_minutes=30
+        ),
+    }
+    fleet, jobs = _loan_fleet(blocker_left_s=30.0)
+    jobs[0].class_name = "standard"
+    jobs[2].class_name = "batch"
+    d = schedule(hosts=fleet, jobs=jobs, classes=classes, quotas=[], now=1000.0)
+    assert d.preemptions == []
+
+
+def test_a_gang_may_be_lent_capacity_and_is_stopped_whole():
+    # h1 and h3 idle, h2 busy until t+1000: the head, a 3-host gang, reserves all three; a
+    # 2-host batch gang that runs past t+1000 is lent h1 and h3
+    fleet, jobs = _gang_head_fleet()
+    d = run(fleet, [*jobs, job(11, gpus=8, hosts=2, class_name="batch", est_remaining_s=9e4)])
+    [p] = d.placements
+    assert sorted(a.host for a in p.allocations) == ["h1", "h3"] and p.lent_to == 10
+    # once h2's job is about to end, the lent gang is stopped, both hosts in one plan
+    fleet = fleet_using(("h1", 8), ("h2", 8), ("h3", 8))
+    jobs = [
+        running(11, {"h1": 8, "h3": 8}, class_name="batch", lent=True, last_checkpoint_age_s=60),
+        running(1, {"h2": 8}, class_name="pinned", est_remaining_s=30.0),
+        job(10, gpus=8, hosts=3),
+    ]
+    [plan] = run(fleet, jobs).preemptions
+    assert plan.kind == "backfill" and [v.run_id for v in plan.victims] == [11]
+
+
+def test_loans_end_a_minute_before_the_head_can_start_whatever_the_grace_period():
+    slow = PriorityClass(
+        "slow", 10, False, True, "auto_recent_checkpoint", auto_approve_minutes=30, grace_s=3600
+    )
+    classes = {**CLASSES, "slow": slow}
+    for left, stops in ((30.0, True), (600.0, False)):  # an hour's grace would stop it early
+        fleet, jobs = _loan_fleet(blocker_left_s=left)
+        jobs[0].class_name = "slow"
+        d = schedule(hosts=fleet, jobs=jobs, classes=classes, quotas=[], now=1000.0)
+        assert bool(d.preemptions) == stops, left

@@ -302,3 +302,62 @@ def test_a_class_that_preempts_only_after_a_long_wait_does_not_ask_when_the_wait
     PriorityClass.objects.filter(name="urgent").update(preempt_after_wait_s=600)
     services.schedule_pass()
     assert PreemptionRequest.objects.filter(requester=requester).exists()
+
+
+def test_a_gathering_gangs_host_is_lent_to_a_batch_run_which_stops_when_the_gang_can_start(
+    lab: Lab,
+) -> None:
+    lab.run.delete()
+    host("cpu-a")
+    host("cpu-b")
+    PriorityClass.objects.create(
+        name="batch",
+        value=10,
+        preemptible=True,
+        approval="auto_recent_checkpoint",
+        auto_approve_minutes=30,
+    )
+    blocker = launch(lab, "blocker")
+    services.schedule_pass()
+    blocking = make_running(blocker)
+    # a step of its 4 done in 10 minutes: it ends in about 30 minutes
+    Attempt.objects.filter(pk=blocking.pk).update(
+        started_at=timezone.now() - dt.timedelta(minutes=10)
+    )
+    Run.objects.filter(pk=blocker.pk).update(last_step=1)
+    gang = launch(lab, "gang", hosts=2)
+    filler = launch(lab, "filler", priority_class="batch")  # runs about an hour
+    services.schedule_pass()
+    gang.refresh_from_db()
+    filler.refresh_from_db()
+    assert gang.state == RunState.QUEUED
+    assert filler.state == RunState.SCHEDULED
+    placed = SchedulingDecision.objects.get(run=filler, kind=DecisionKind.PLACED)
+    assert f"by backfill until run {gang.pk} can start (then stopped for it)" in placed.reason
+    lent = make_running(filler)
+    filler.checkpoints.create(attempt=lent, step=1, path="/nowhere/ckpt-1", reason="periodic")
+    services.schedule_pass()
+    assert not PreemptionRequest.objects.exists()  # the blocker still runs: the loan goes on
+
+    runs_services.attempt_finished(attempt_id=blocking.pk, status="completed", step=4)
+    Attempt.objects.filter(pk=blocking.pk).update(exit_code=0)
+    services.schedule_pass()
+    request = PreemptionRequest.objects.get()
+    assert request.requester_id == gang.pk and request.auto
+    assert "stopping backfilled run(s)" in request.reason
+    assert [v.run_id for v in request.victims.all()] == [filler.pk]
+    filler.refresh_from_db()
+    assert filler.state == RunState.PREEMPTING
+    command = RunCommand.objects.get(run=filler)
+    assert command.kind == "preempt"
+    assert command.reason.startswith(f"backfill ended: stopped for gang (request #{request.pk}")
+
+    runs_services.attempt_finished(attempt_id=lent.pk, status="preempted", step=2)
+    Attempt.objects.filter(pk=lent.pk).update(exit_code=3)
+    services.schedule_pass()
+    gang.refresh_from_db()
+    filler.refresh_from_db()
+    assert gang.state == RunState.SCHEDULED
+    assert gang.attempts.get().allocations.count() == 2
+    assert filler.state == RunState.QUEUED  # back in the queue, one loan ended
+    assert services._loans({}) == (set(), {filler.pk: 1})
