@@ -154,8 +154,12 @@ def _job_view(
     checkpoint = checkpoints.get(run.pk)
     started = attempt.started_at or attempt.scheduled_at
     view.running_for_s = max((now - started).total_seconds(), 0.0)
-    if checkpoint is not None:
-        view.last_checkpoint_age_s = max((now - checkpoint.created_at).total_seconds(), 0.0)
+    # A stop loses the work since the newest state the run would come back to: a checkpoint
+    # this attempt saved, else the attempt's own start (it began from the run's last
+    # checkpoint, or from scratch). A checkpoint older than the attempt is not lost work: the
+    # attempt resumed from it. So a run that just started, or just resumed, is cheap to stop.
+    saved_at = max(checkpoint.created_at, started) if checkpoint is not None else started
+    view.last_checkpoint_age_s = max((now - saved_at).total_seconds(), 0.0)
     view.steps_since_checkpoint = max(
         run.last_step - (checkpoint.step if checkpoint else attempt.start_step), 0
     )

@@ -238,6 +238,44 @@ def test_a_class_that_auto_approves_preempts_a_recently_checkpointed_victim_at_o
     assert victim.state == RunState.PREEMPTING
 
 
+@pytest.mark.parametrize(
+    ("started_min_ago", "checkpoint_min_ago", "auto"),
+    [
+        (1, None, True),  # just started, nothing saved yet: a minute of work at risk
+        (1, 120, True),  # just resumed from a checkpoint saved two hours ago
+        (120, None, False),  # two hours unsaved: a person decides
+        (120, 90, False),  # saved during this attempt, 90 minutes ago
+        (120, 5, True),
+    ],
+)
+def test_auto_approval_counts_the_work_a_stop_would_lose_from_the_attempts_start_or_its_checkpoint(
+    full_fleet: tuple[Lab, Run],
+    started_min_ago: int,
+    checkpoint_min_ago: int | None,
+    auto: bool,
+) -> None:
+    lab, victim = full_fleet
+    PriorityClass.objects.filter(name="normal").update(
+        approval="auto_recent_checkpoint", auto_approve_minutes=30
+    )
+    now = timezone.now()
+    attempt = victim.attempts.get(state=AttemptState.RUNNING)
+    Attempt.objects.filter(pk=attempt.pk).update(
+        started_at=now - dt.timedelta(minutes=started_min_ago)
+    )
+    if checkpoint_min_ago is not None:
+        saved = victim.checkpoints.create(attempt=attempt, step=1, path="/x/1", reason="periodic")
+        type(saved).objects.filter(pk=saved.pk).update(
+            created_at=now - dt.timedelta(minutes=checkpoint_min_ago)
+        )
+    urgent_class()
+    launch(lab, "urgent-run", priority_class="urgent")
+    services.schedule_pass(now=now)
+    request = PreemptionRequest.objects.get()
+    assert request.auto == auto
+    assert (request.state == PreemptionState.APPROVED) == auto
+
+
 def test_a_run_without_a_class_launches_in_the_default_one_and_an_unknown_class_is_refused(
     lab: Lab,
 ) -> None:
