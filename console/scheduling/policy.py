@@ -72,7 +72,7 @@ class JobView:
     est_remaining_s: float = 3600.0  # for backfill and the resume estimate
     running_on: list[Allocation] = field(default_factory=list)  # empty: queued
     # Impact preview inputs (running jobs only):
-    last_checkpoint_age_s: float | None = None  # since what a restart comes back to (None: running_for_s)
+    last_checkpoint_age_s: float | None = None  # since what a restart resumes (None: running_for_s)
     steps_since_checkpoint: int = 0
     next_checkpoint_in_s: float | None = None
     rollouts_in_flight: int = 0
