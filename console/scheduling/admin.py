@@ -62,12 +62,12 @@ class TeamQuotaAdmin(ReadOnlyAdmin):
 
 @admin.register(PreemptionRequest)
 class PreemptionRequestAdmin(ReadOnlyAdmin):
-    list_display = ("id", "requester", "state", "auto", "decided_by", "created_at")
-    list_filter = ("state", "auto")
+    list_display = ("id", "requester", "state", "purpose", "auto", "decided_by", "created_at")
+    list_filter = ("state", "purpose", "auto")
     inlines = [VictimInline]
 
 
 @admin.register(SchedulingDecision)
 class SchedulingDecisionAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "run", "kind", "reason")
+    list_display = ("created_at", "run", "kind", "lent_to", "reason")
     list_filter = ("kind",)

@@ -171,6 +171,12 @@ class PreemptionOut(Schema):
     requester_team: str
     requester_class: str
     reason: str
+    purpose: str = Field(
+        ...,
+        description="Why the victims stop: preempt (a class preempts or a team reclaims its "
+        "quota), move (restarted elsewhere to free whole hosts), backfill (runs lent a "
+        "queued run's reserved capacity, stopped now that it can start)",
+    )
     auto: bool
     decided_by: str | None
     decided_at: dt.datetime | None
@@ -437,6 +443,7 @@ def preemption_out(request: PreemptionRequest) -> dict[str, Any]:
         "requester_team": requester.team.slug,
         "requester_class": _class_name(requester),
         "reason": request.reason,
+        "purpose": request.purpose,
         "auto": request.auto,
         "decided_by": request.decided_by.get_username() if request.decided_by else None,
         "decided_at": request.decided_at,

@@ -110,6 +110,15 @@ class PreemptionState(models.TextChoices):
 OPEN_PREEMPTION_STATES = (PreemptionState.PENDING, PreemptionState.APPROVED)
 
 
+class PreemptionPurpose(models.TextChoices):
+    """Why a request stops its victims: the values are the policy's plan kinds
+    (`console.scheduling.policy.PlanKind`)."""
+
+    PREEMPT = "preempt", "Preemption"  # a class preempts, or a team reclaims its quota
+    MOVE = "move", "Move"  # runs checkpointed and restarted elsewhere to free whole hosts
+    BACKFILL = "backfill", "Backfill ended"  # runs lent a head's capacity, stopped for it
+
+
 class PreemptionRequest(models.Model):
     requester = models.ForeignKey(
         "runs.Run", on_delete=models.CASCADE, related_name="preemption_requests"
@@ -117,7 +126,12 @@ class PreemptionRequest(models.Model):
     state = models.CharField(
         max_length=16, choices=PreemptionState.choices, default=PreemptionState.PENDING
     )
-    reason = models.CharField(max_length=1000)
+    reason = models.CharField(max_length=1000)  # for people; never parsed
+    # Requests filed before this field existed read as preemptions (their loan ends are then no
+    # longer counted against the victims' next loans: a few more loans at most).
+    purpose = models.CharField(
+        max_length=16, choices=PreemptionPurpose.choices, default=PreemptionPurpose.PREEMPT
+    )
     auto = models.BooleanField(default=False, help_text="Approved by the victims' class policy.")
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
@@ -136,6 +150,13 @@ class PreemptionRequest(models.Model):
                 fields=["requester"],
                 condition=Q(state__in=["pending", "approved"]),
                 name="preemption_one_open_per_requester",
+            )
+        ]
+        indexes = [
+            # The schedule pass counts each queued run's ended loans (`services._loans`): the
+            # few loan-ending requests, without reading the rest.
+            models.Index(
+                fields=["state"], condition=Q(purpose="backfill"), name="preemption_loan_end"
             )
         ]
 
@@ -186,12 +207,31 @@ class SchedulingDecision(models.Model):
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="decisions")
     kind = models.CharField(max_length=32, choices=DecisionKind.choices)
-    reason = models.CharField(max_length=1000)
+    reason = models.CharField(max_length=1000)  # for people; never parsed
+    # A placement on capacity reserved for this run, the head of its pool's queue (preemptible
+    # backfill): the placed run is stopped once the head can start. Null for other decisions,
+    # and for placements logged before the field existed (those loans are then not recognised:
+    # the run keeps its hosts as any other). SET_NULL: deleting the head keeps this run's log.
+    lent_to = models.ForeignKey(
+        "runs.Run",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,  # the partial index below serves the lookups, and is small
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["created_at"], name="decision_created")]
+        indexes = [
+            models.Index(fields=["created_at"], name="decision_created"),
+            # Only loans are indexed (few rows); it serves the schedule pass's read of the lent
+            # runs and the SET_NULL when a head run is deleted.
+            models.Index(
+                fields=["lent_to"], condition=Q(lent_to__isnull=False), name="decision_lent_to"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.reason}"

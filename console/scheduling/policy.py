@@ -103,6 +103,11 @@ class Placement:
     lent_to: int | None = None
 
 
+# Why a preemption plan stops its victims (`PreemptionPlan.kind`).
+PlanKind = Literal["preempt", "move", "backfill"]
+PLAN_KINDS: tuple[PlanKind, ...] = ("preempt", "move", "backfill")
+
+
 @dataclass
 class VictimImpact:
     run_id: int
@@ -118,10 +123,11 @@ class PreemptionPlan:
     requester_run_id: int
     victims: list[VictimImpact]
     auto_approved: bool  # the victims' classes' policy approves without a person
-    reason: str
+    reason: str  # for people: the console reads the plan's purpose from `kind`, never from this
     # "preempt" (a class preempts, or a team reclaims its quota), "move" (runs moved to free
-    # whole hosts) or "backfill" (runs lent a head's capacity, stopped now that it can start)
-    kind: str = "preempt"
+    # whole hosts) or "backfill" (runs lent a head's capacity, stopped now that it can start);
+    # the console stores it as the request's `purpose`
+    kind: PlanKind = "preempt"
 
 
 @dataclass
@@ -176,19 +182,12 @@ LEND_MAX_STOPS = 4
 # Lent jobs are stopped this long before the head's other hosts are expected to be free (the
 # time a job takes to save a checkpoint at its next step and exit, roughly; at most its grace).
 LOAN_END_LEAD_S = 60.0
-# How a lent job's placement reason says so ("placed on host-3 by backfill until run 12 can
-# start (then stopped for it)"): the console reads a running job's `lent` back from it.
+# How a lent job's placement reason says so, for people ("placed on host-3 by backfill until
+# run 12 can start (then stopped for it)"). The console never reads state back from reasons:
+# it stores `Placement.lent_to` and `PreemptionPlan.kind` as fields, so rewording these is safe.
 LENT_MARK = " by backfill until run "
-
-
-# How the reason of a plan that ends loans says so: the console counts a run's ended loans by
-# it (`JobView.lent_stops`).
+# How the reason of a plan that ends loans says so (for people, as LENT_MARK).
 LOAN_END_MARK = ": stopping backfilled run(s) "
-
-
-def placed_lent(reason: str) -> bool:
-    """Whether a placement reason is that of a job lent a head's capacity."""
-    return LENT_MARK in reason
 
 
 class _Index:
@@ -1263,7 +1262,7 @@ class _Pass:
         hosts: list[str],
         victims: list[JobView],
         reclaim: bool,
-        kind: str = "preempt",
+        kind: PlanKind = "preempt",
         moved_to: dict[str, int] | None = None,
     ) -> None:
         victim_ids = {v.run_id for v in victims}

@@ -164,6 +164,7 @@ def test_only_admins_see_preemption_requests_with_their_impact(
     if who == TEAMMATE_ADMIN:
         body = response.json()
         assert body["state"] == "pending" and body["requester"] == "urgent-run"
+        assert body["purpose"] == "preempt"  # a class preempts (not a move, not a loan's end)
         [victim] = body["victims"]
         assert victim["name"] == "victim" and "gpu_hours_since_checkpoint" in victim
         assert send(client, "get", "/preemptions/999999").status_code == 404

@@ -17,11 +17,13 @@ from console.audit.models import AuditEntry
 from console.runs import services as runs_services
 from console.runs.launch import LaunchError, default_document
 from console.runs.models import Attempt, AttemptState, Host, HostState, Run, RunCommand, RunState
-from console.scheduling import services
+from console.scheduling import policy, services
 from console.scheduling.models import (
     DecisionKind,
+    PreemptionPurpose,
     PreemptionRequest,
     PreemptionState,
+    PreemptionVictim,
     PriorityClass,
     SchedulingDecision,
 )
@@ -371,6 +373,7 @@ def test_a_gathering_gangs_host_is_lent_to_a_batch_run_which_stops_when_the_gang
     assert gang.state == RunState.QUEUED
     assert filler.state == RunState.SCHEDULED
     placed = SchedulingDecision.objects.get(run=filler, kind=DecisionKind.PLACED)
+    assert placed.lent_to_id == gang.pk  # the loan, as data; the reason says it for people
     assert f"by backfill until run {gang.pk} can start (then stopped for it)" in placed.reason
     lent = make_running(filler)
     filler.checkpoints.create(attempt=lent, step=1, path="/nowhere/ckpt-1", reason="periodic")
@@ -382,6 +385,7 @@ def test_a_gathering_gangs_host_is_lent_to_a_batch_run_which_stops_when_the_gang
     services.schedule_pass()
     request = PreemptionRequest.objects.get()
     assert request.requester_id == gang.pk and request.auto
+    assert request.purpose == PreemptionPurpose.BACKFILL
     assert "stopping backfilled run(s)" in request.reason
     assert [v.run_id for v in request.victims.all()] == [filler.pk]
     filler.refresh_from_db()
@@ -399,3 +403,50 @@ def test_a_gathering_gangs_host_is_lent_to_a_batch_run_which_stops_when_the_gang
     assert gang.attempts.get().allocations.count() == 2
     assert filler.state == RunState.QUEUED  # back in the queue, one loan ended
     assert services._loans({}) == (set(), {filler.pk: 1})
+
+
+def test_backfill_state_is_read_from_fields_not_from_the_reasons_wording(lab: Lab) -> None:
+    """A loan whose reason was reworded is still a loan, and a reason that merely contains the
+    wording policy uses for loans (typed by a person, say) makes nothing a loan: the lent runs,
+    the ended loans and the stop command's wording all follow `lent_to` and `purpose`."""
+    # a request's purpose is the policy's plan kind, stored as it is
+    assert set(PreemptionPurpose.values) == set(policy.PLAN_KINDS)
+    lab.run.delete()
+    host("cpu-a")
+    host("cpu-b")
+    lent, other = launch(lab, "lent"), launch(lab, "other")
+    services.schedule_pass()
+    live = {run.pk: make_running(run) for run in (lent, other)}
+    head, stopped, preempted = launch(lab, "head"), launch(lab, "stopped"), launch(lab, "kept")
+    SchedulingDecision.objects.filter(run=lent, kind=DecisionKind.PLACED).update(
+        lent_to=head, reason="placed on cpu-a, lent (reworded)"
+    )
+    SchedulingDecision.objects.filter(run=other, kind=DecisionKind.PLACED).update(
+        reason=f"placed on cpu-b{policy.LENT_MARK}{head.pk} can start (then stopped for it)"
+    )
+    now = timezone.now()
+    for victim, purpose, reason in [
+        (stopped, PreemptionPurpose.BACKFILL, "loan over (reworded)"),
+        (preempted, PreemptionPurpose.PREEMPT, f"needs cpu-a{policy.LOAN_END_MARK}{lent.pk}"),
+    ]:
+        done = PreemptionRequest.objects.create(
+            requester=head,
+            state=PreemptionState.DONE,
+            purpose=purpose,
+            reason=reason,
+            expires_at=now,
+        )
+        PreemptionVictim.objects.create(request=done, run=victim)
+    assert services._loans(live) == ({lent.pk}, {stopped.pk: 1})
+
+    for requester, victim, purpose, reason in [
+        (head, lent, PreemptionPurpose.BACKFILL, "can start (reworded)"),
+        (stopped, other, PreemptionPurpose.PREEMPT, f"needs cpu-b{policy.LOAN_END_MARK}1"),
+    ]:
+        request = PreemptionRequest.objects.create(
+            requester=requester, purpose=purpose, reason=reason, expires_at=now
+        )
+        PreemptionVictim.objects.create(request=request, run=victim)
+        services.preemption_approve(actor=lab.people.owner, request=request)
+    assert RunCommand.objects.get(run=lent).reason.startswith("backfill ended: stopped for head")
+    assert RunCommand.objects.get(run=other).reason.startswith("preempted for stopped")

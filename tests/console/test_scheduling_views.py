@@ -203,6 +203,7 @@ def test_the_inbox_is_for_admins_and_shows_the_impact_preview(
         page = response.content.decode()
         assert f'id="preemption-{pending.pk}"' in page
         assert "GPU-hours since checkpoint" in page and "victim" in page
+        assert '<span class="badge purpose">Preemption</span>' in page  # the request's purpose
         fragment = client_as(who).get(reverse("scheduling:inbox"), **HTMX)
         assert fragment.content.decode().lstrip().startswith('<div id="inbox"')
 
