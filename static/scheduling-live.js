@@ -2,7 +2,8 @@
 // (#queue, #hosts or #inbox) opens that socket; each {type: "changed"} it sends makes the
 // element re-read itself through its view (htmx, hx-trigger="live-changed"), so the server
 // renders what this user may see. While a text box inside it has the focus (a rejection
-// reason being typed) the re-read waits until the focus leaves, so nothing typed is lost.
+// reason being typed) the re-read waits until the focus leaves, and one already in flight is
+// not swapped in, so nothing typed is lost.
 // A socket that reconnects re-reads once (it may have missed rings meanwhile).
 (function () {
   "use strict";
@@ -66,6 +67,17 @@
   }, 1000);
 
   document.addEventListener("focusout", () => { if (owed) setTimeout(refresh, 0); });
+  // A re-read already on its way when the focus went into a text box (the admin pressed r
+  // while the answer was in flight) is dropped, not swapped over what is being typed; the
+  // next one is owed to the moment the focus leaves.
+  document.body.addEventListener("htmx:beforeSwap", (event) => {
+    const el = part();
+    if (!el || event.detail.target !== el) return;
+    if (el.querySelector("input:focus, select:focus, textarea:focus")) {
+      event.detail.shouldSwap = false;
+      owed = true;
+    }
+  });
   document.body.addEventListener("htmx:afterSwap", stampAges);
   window.addEventListener("pagehide", () => { stopped = true; });
   stampAges();

@@ -76,7 +76,21 @@ def test_an_admin_approves_and_rejects_from_the_keyboard(
     assert (second.state, first.state) == ("approved", "pending")
 
     page.keyboard.press("r")  # the only pending one left
-    page.keyboard.type("the victim is a paper run")
+    page.keyboard.type("the victim is ")
+    # A live re-read whose answer lands while the reason is being typed (it was on its way
+    # when r was pressed) must not swap a fresh, empty box in under the typing.
+    kept = page.evaluate(
+        """() => new Promise((done) => {
+            const typing = document.activeElement;
+            const inbox = document.getElementById("inbox");
+            inbox.addEventListener("htmx:afterRequest",
+                () => done(typing.isConnected && document.activeElement === typing),
+                {once: true});
+            htmx.trigger(inbox, "live-changed");
+        })"""
+    )
+    assert kept, "the reason box was replaced while the admin typed in it"
+    page.keyboard.type("a paper run")
     page.keyboard.press("Enter")
     page.get_by_text(f"Request #{first.pk} rejected").wait_for()
     first.refresh_from_db()
