@@ -307,20 +307,24 @@ class _Lane:
             self._sorted = (len(self.placed), sorted(self.releases))
         return self._sorted[1]
 
+    def lent_jobs(self) -> list[JobView]:
+        """The lane's running jobs lent a head's capacity (listed once per pass)."""
+        if self._lent is None:
+            self._lent = [j for j in self.jobs if j.lent]
+        return self._lent
+
     def head_releases(self, value: int, stopped: bool = True) -> list[tuple[float, str, int, int]]:
         """`sorted_releases` as a head of class `value` sees them: the lent jobs of its class
         or a lower one end as soon as they can be stopped for it (their class's grace), or
         with `stopped=False` at once (as if they were not there)."""
-        if self._lent is None:
-            self._lent = [j for j in self.jobs if j.lent]
-        if not self._lent:
+        if not self.lent_jobs():
             return self.sorted_releases()
         key = (value, stopped, len(self.placed))
         cached = self._head.get(key)
         if cached is not None:
             return cached
         ends: dict[int, float] = {}
-        for job in self._lent:
+        for job in self.lent_jobs():
             cls = self._classes.get(job.class_name)
             if cls is not None and cls.value <= value:
                 ends[job.run_id] = self._t + (cls.grace_s if stopped else 0.0)
@@ -334,10 +338,8 @@ class _Lane:
     def lent_table(self, value: int) -> dict[str, list[tuple[int, float, JobView]]]:
         """Per host, the lent jobs a head of class `value` may have stopped (not already
         stopping) as (units here, cost, job)."""
-        if self._lent is None:
-            self._lent = [j for j in self.jobs if j.lent]
         table: dict[str, list[tuple[int, float, JobView]]] = {}
-        for job in self._lent:
+        for job in self.lent_jobs():
             cls = self._classes.get(job.class_name)
             if job.preemption_pending or cls is None or cls.value > value:
                 continue
